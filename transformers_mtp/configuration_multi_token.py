@@ -1,0 +1,104 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""Configurations of multi-token-prediction (MTP) models.
+
+This file is copied next to the weights by `save_pretrained`, so it imports only torch, transformers and its own
+siblings (`from .module import Name`): a checkpoint must load with `trust_remote_code=True` where transformers_mtp
+is not installed.
+"""
+
+from dataclasses import dataclass
+
+from huggingface_hub.dataclasses import strict
+from transformers import GPT2Config, LlamaConfig
+
+HEAD_TYPES = ("linear", "resblock", "query_extension")
+HEAD_INPUTS = ("feature", "feature_and_token")
+MAX_NUM_HEADS = 16  # beyond ~6 the far heads are almost never accepted (seed 000: "k 2-6, too large hurts quality")
+
+
+@dataclass(kw_only=True)
+class MultiTokenConfigMixin:
+    r"""
+    Fields shared by every multi-token config. They are dataclass fields, so all of them are written to config.json.
+
+    Args:
+        num_heads (`int`, *optional*, defaults to 4):
+            Tokens proposed per forward pass; head 0 is the model's own next-token head and head i
+            (1 <= i < num_heads) at position t predicts token t + 1 + i.
+        head_type (`str`, *optional*, defaults to `"resblock"`):
+            Architecture of heads 1..num_heads-1: `"linear"` (a hidden x hidden map P_i in front of the shared
+            unembedding, seed 000), `"resblock"` (Medusa-1, `h + SiLU(W h + b)` with W zero-initialised) or
+            `"query_extension"` (a copy of the last decoder layer whose query projection is extended per head).
+        head_rank (`int`, *optional*, defaults to 64):
+            Rank of the low-rank query extension ΔW_q of each `query_extension` head (trained as PEFT LoRA); the
+            articles suggest 32-128.
+        head_input (`str`, *optional*, defaults to `"feature"`):
+            What a `query_extension` head reads: `"feature"` (the input of the last decoder layer) or
+            `"feature_and_token"` (also the embedding of the token known to come next, as EAGLE / DeepSeek-V3).
+        head_share_kv (`bool`, *optional*, defaults to `True`):
+            Whether a `query_extension` head attends over the base last layer's keys and values (no extra cache) or
+            computes its own from its input.
+        head_loss_weights (`list[float]`, *optional*):
+            Weight of each head's cross-entropy in the aggregated loss (length `num_heads`, head 0 first). `None`
+            means a plain mean over heads, as seed 004 recommends.
+    """
+
+    num_heads: int = 4
+    head_type: str = "resblock"
+    head_rank: int = 64
+    head_input: str = "feature"
+    head_share_kv: bool = True
+    head_loss_weights: list[float] | None = None
+
+    def validate_multi_token_fields(self):
+        """Raise a `ValueError` naming the bad field, its value and the allowed values."""
+        if not 2 <= self.num_heads <= MAX_NUM_HEADS:
+            raise ValueError(
+                f"num_heads={self.num_heads} is out of range; pass an integer from 2 to {MAX_NUM_HEADS} "
+                "(head 0 is the base model's own next-token head, so 2 is the smallest useful value)."
+            )
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type={self.head_type!r} is not supported; choose one of {list(HEAD_TYPES)}.")
+        if self.head_rank < 1:
+            raise ValueError(f"head_rank={self.head_rank} must be a positive integer (the articles suggest 32-128).")
+        if self.head_input not in HEAD_INPUTS:
+            raise ValueError(f"head_input={self.head_input!r} is not supported; choose one of {list(HEAD_INPUTS)}.")
+        if self.head_loss_weights is not None:
+            weights = self.head_loss_weights
+            if len(weights) != self.num_heads:
+                raise ValueError(
+                    f"head_loss_weights has {len(weights)} entries but num_heads={self.num_heads}; "
+                    f"pass one weight per head (head 0 first) or None for a plain mean."
+                )
+            if any(w < 0 for w in weights) or sum(weights) <= 0:
+                raise ValueError(
+                    f"head_loss_weights={weights} must be non-negative with a positive sum."
+                )
+
+
+@strict
+class MultiTokenLlamaConfig(MultiTokenConfigMixin, LlamaConfig):
+    r"""
+    Configuration of [`LlamaForMultiTokenPrediction`]: a [`LlamaConfig`] plus the multi-token fields documented in
+    [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_llama"
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.validate_multi_token_fields()
+
+
+@strict
+class MultiTokenGPT2Config(MultiTokenConfigMixin, GPT2Config):
+    r"""
+    Configuration of [`GPT2ForMultiTokenPrediction`]: a [`GPT2Config`] plus the multi-token fields documented in
+    [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_gpt2"
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.validate_multi_token_fields()

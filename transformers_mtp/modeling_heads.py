@@ -1,0 +1,214 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""Prediction heads 1..num_heads-1 of a multi-token model.
+
+Every head maps a hidden state at position t to a hidden state that the base model's own (shared, frozen) final
+norm and unembedding turn into logits for token t + 1 + i. No head owns a vocabulary-sized matrix.
+
+Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+
+
+class LinearHead(nn.Module):
+    """P_i of seed 000: logits_i = W_o P_i h. Identity-initialised, so an untrained head repeats head 0."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.eye_(self.proj.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, T, H] (normed final hidden state) -> [B, T, H] (input of the shared lm_head)
+        return self.proj(hidden)
+
+
+class ResBlockHead(nn.Module):
+    """Medusa-1's head without its own lm_head: h + SiLU(W h + b), W and b zero-initialised (identity at start)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        self.act = nn.SiLU()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, T, H] -> [B, T, H]
+        return hidden + self.act(self.linear(hidden))
+
+
+class QueryExtensionHead(nn.Module):
+    """
+    Seed 000's query extension: a copy of the base model's last decoder layer whose query projection `q_proj` is the
+    per-head extension point (W_q + ΔW_q^(i), ΔW trained as PEFT LoRA). It reads the input of the base last layer
+    (optionally fused with the embedding of the token known to come next) and either attends over the base layer's
+    cached keys/values (`share_kv=True`, no extra cache) or computes its own (`share_kv=False`).
+
+    Subclasses supply the architecture: norms, MLP, position encoding and how to copy the base layer's weights.
+    """
+
+    def __init__(self, *, hidden_size, num_attention_heads, num_key_value_heads, head_dim, bias, share_kv, use_token):
+        super().__init__()
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.share_kv = share_kv
+        self.use_token = use_token
+        self.q_proj = nn.Linear(hidden_size, num_attention_heads * head_dim, bias=bias)
+        if not share_kv:
+            self.k_proj = nn.Linear(hidden_size, num_key_value_heads * head_dim, bias=bias)
+            self.v_proj = nn.Linear(hidden_size, num_key_value_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_attention_heads * head_dim, hidden_size, bias=bias)
+        if use_token:
+            # fc([h; e]) as in EAGLE, initialised to pass h through unchanged so the untrained head equals the copy.
+            self.token_fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+
+    # --- architecture hooks -------------------------------------------------------------------------------------
+    scaling: float
+
+    def rotate(self, query, key, position_embeddings):
+        """Apply the base model's position encoding to queries (and keys when computed here)."""
+        return query, key
+
+    def copy_from_base_layer(self, layer: nn.Module):
+        raise NotImplementedError
+
+    def _reset_token_fc(self):
+        if self.use_token:
+            hidden_size = self.token_fc.out_features
+            with torch.no_grad():
+                self.token_fc.weight.zero_()
+                self.token_fc.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+
+    # --- forward ------------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        *,
+        attn_mask: torch.Tensor | None,
+        position_embeddings=None,
+        token_embeds: torch.Tensor | None = None,
+        past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
+        """
+        hidden: [B, Tq, H] input of the base last layer at the query positions.
+        attn_mask: bool [B, 1, Tq, Tk] (True = attend) or None to attend to every key.
+        token_embeds: [B, Tq, H] embeddings of the tokens that follow each query position (`use_token` heads only).
+        past_kv: `share_kv` heads: the base last layer's keys/values [B, kvH, Tk, D] covering every attended position;
+            own-kv heads: this head's earlier keys/values (or None); the new ones are appended.
+        Returns the head's hidden state [B, Tq, H] (before the shared final norm) and its keys/values (own-kv only).
+        """
+        batch, q_len, _ = hidden.shape
+        if self.use_token:
+            hidden = self.token_fc(torch.cat([hidden, token_embeds], dim=-1))
+        residual = hidden
+        normed = self.input_layernorm(hidden)
+        query = self.q_proj(normed).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+        if self.share_kv:
+            query, _ = self.rotate(query, None, position_embeddings)
+            key, value = past_kv
+            new_kv = None
+        else:
+            key = self.k_proj(normed).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+            value = self.v_proj(normed).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+            query, key = self.rotate(query, key, position_embeddings)
+            if past_kv is not None:
+                key, value = torch.cat([past_kv[0], key], dim=2), torch.cat([past_kv[1], value], dim=2)
+            new_kv = (key, value)
+        groups = self.num_attention_heads // self.num_key_value_heads
+        if groups > 1:  # grouped-query attention: repeat each key/value head for its query heads
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        attn = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=self.scaling)
+        attn = attn.transpose(1, 2).reshape(batch, q_len, -1)
+        hidden = residual + self.o_proj(attn)
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, new_kv
+
+
+class LlamaQueryExtensionHead(QueryExtensionHead):
+    def __init__(self, config):
+        head_dim = config.head_dim
+        super().__init__(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            bias=config.attention_bias,
+            share_kv=config.head_share_kv,
+            use_token=config.head_input == "feature_and_token",
+        )
+        self.scaling = head_dim**-0.5
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def rotate(self, query, key, position_embeddings):
+        cos, sin = position_embeddings
+        if key is None:  # shared keys were rotated by the base layer already
+            return apply_rotary_pos_emb(query, query, cos, sin)[0], None
+        return apply_rotary_pos_emb(query, key, cos, sin)
+
+    @torch.no_grad()
+    def copy_from_base_layer(self, layer):
+        attn = layer.self_attn
+        self.q_proj.load_state_dict(attn.q_proj.state_dict())
+        if not self.share_kv:
+            self.k_proj.load_state_dict(attn.k_proj.state_dict())
+            self.v_proj.load_state_dict(attn.v_proj.state_dict())
+        self.o_proj.load_state_dict(attn.o_proj.state_dict())
+        self.input_layernorm.load_state_dict(layer.input_layernorm.state_dict())
+        self.post_attention_layernorm.load_state_dict(layer.post_attention_layernorm.state_dict())
+        self.mlp.load_state_dict(layer.mlp.state_dict())
+        self._reset_token_fc()
+
+
+class GPT2QueryExtensionHead(QueryExtensionHead):
+    def __init__(self, config):
+        head_dim = config.hidden_size // config.num_attention_heads
+        super().__init__(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_attention_heads,
+            head_dim=head_dim,
+            bias=True,
+            share_kv=config.head_share_kv,
+            use_token=config.head_input == "feature_and_token",
+        )
+        # main diff with Llama: GPT-2's optional scalings, no rotary embedding (positions are added to the input)
+        self.scaling = head_dim**-0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scaling /= float(config.num_hidden_layers)
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * config.hidden_size
+        self.mlp = GPT2MLP(inner_dim, config)
+
+    @torch.no_grad()
+    def copy_from_base_layer(self, layer):
+        # GPT-2 stores Conv1D weights as [in, out] with q, k and v fused in c_attn; nn.Linear wants [out, in].
+        hidden_size = self.q_proj.in_features
+        weight, bias = layer.attn.c_attn.weight, layer.attn.c_attn.bias
+        self.q_proj.weight.copy_(weight[:, :hidden_size].t())
+        self.q_proj.bias.copy_(bias[:hidden_size])
+        if not self.share_kv:
+            self.k_proj.weight.copy_(weight[:, hidden_size : 2 * hidden_size].t())
+            self.k_proj.bias.copy_(bias[hidden_size : 2 * hidden_size])
+            self.v_proj.weight.copy_(weight[:, 2 * hidden_size :].t())
+            self.v_proj.bias.copy_(bias[2 * hidden_size :])
+        self.o_proj.weight.copy_(layer.attn.c_proj.weight.t())
+        self.o_proj.bias.copy_(layer.attn.c_proj.bias)
+        self.input_layernorm.load_state_dict(layer.ln_1.state_dict())
+        self.post_attention_layernorm.load_state_dict(layer.ln_2.state_dict())
+        self.mlp.load_state_dict(layer.mlp.state_dict())
+        self._reset_token_fc()

@@ -1,0 +1,356 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""Multi-token-prediction (MTP) models: Hugging Face causal LMs plus light heads that propose several tokens per pass.
+
+The classes subclass `LlamaForCausalLM` and `GPT2LMHeadModel` and add only what differs: `mtp_heads`, a forward that
+returns head logits and the per-head loss on request, and a `generate()` that takes `multi_token_mode=True`.
+
+Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
+"""
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import logging
+
+from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
+from .generation_multi_token import MULTI_TOKEN_MODES, multi_token_decoding, resolve_num_predict_heads
+from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
+
+logger = logging.get_logger(__name__)
+
+HEADS_PREFIX = "mtp_heads."
+
+
+@dataclass
+class MultiTokenCausalLMOutput(CausalLMOutputWithPast):
+    r"""
+    head_logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, num_heads - 1, vocab_size)`):
+        Logits of heads 1..num_heads-1; `head_logits[:, t, i - 1]` predicts token t + 1 + i. Head 0's logits are
+        `logits`, exactly the base model's.
+    head_losses (`torch.FloatTensor` of shape `(num_heads,)`, returned when `labels` are given):
+        Cross-entropy of each head, head 0 first; `loss` aggregates them (mean, or `config.head_loss_weights`).
+    """
+
+    head_logits: torch.FloatTensor | None = None
+    head_losses: torch.FloatTensor | None = None
+
+
+def multi_token_loss(logits, head_logits, labels, weights=None):
+    """
+    Each head's cross-entropy computed separately, then aggregated (seed 004: a joint loss over the block diverged).
+
+    logits: [B, T, V] (head 0), head_logits: [B, T, K-1, V], labels: [B, T] with -100 ignored, the usual causal-LM
+    labels (the shift happens here: head i at position t is scored against labels[t + 1 + i]).
+    Returns (loss, per_head [K]). A head with no scored token contributes 0 rather than NaN.
+    """
+    num_heads = head_logits.shape[2] + 1
+    per_head = []
+    for i in range(num_heads):
+        head = logits if i == 0 else head_logits[:, :, i - 1]
+        shift = 1 + i
+        pred, target = head[:, :-shift].float(), labels[:, shift:]
+        total = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
+        per_head.append(total / (target != -100).sum().clamp(min=1))
+    per_head = torch.stack(per_head)
+    if weights is None:
+        return per_head.mean(), per_head
+    weights = torch.tensor(weights, dtype=per_head.dtype, device=per_head.device)
+    return (weights * per_head).sum() / weights.sum(), per_head
+
+
+def head_attention_mask(query_len, key_len, key_padding_mask=None, device=None):
+    """
+    Causal mask for `query_len` queries that are the last positions of `key_len` keys.
+    key_padding_mask: [B, key_len] with 1 for real tokens. Returns bool [B|1, 1, query_len, key_len] or None.
+    """
+    if query_len == 1 and key_padding_mask is None:
+        return None
+    offset = key_len - query_len
+    keys = torch.arange(key_len, device=device)
+    mask = (keys[None, :] <= offset + torch.arange(query_len, device=device)[:, None])[None, None]
+    if key_padding_mask is not None:
+        mask = mask & key_padding_mask[:, None, None, :].bool()
+    return mask
+
+
+class MultiTokenPredictionMixin:
+    """What the Llama and GPT-2 classes share. Subclasses name the architecture's parts in `_parts()`."""
+
+    query_extension_head_class: type
+
+    # --- architecture ------------------------------------------------------------------------------------------
+    def _parts(self):
+        """(trunk, last decoder layer, final norm, token embedding, rotary embedding or None)"""
+        raise NotImplementedError
+
+    def _build_heads(self):
+        config = self.config
+        if config.head_type == "linear":
+            make = partial(LinearHead, config.hidden_size)
+        elif config.head_type == "resblock":
+            make = partial(ResBlockHead, config.hidden_size)
+        else:
+            make = partial(self.query_extension_head_class, config)
+        # One module per head, built in a loop: never `[Head()] * n`, which would share one module n times.
+        self.mtp_heads = nn.ModuleList([make() for _ in range(config.num_heads - 1)])
+
+    @torch.no_grad()
+    def reset_heads(self):
+        """Re-initialise heads 1..num_heads-1: identity maps, or copies of the base model's last decoder layer."""
+        last_layer = self._parts()[1]
+        for head in self.mtp_heads:
+            if isinstance(head, (LinearHead, ResBlockHead)):
+                head.reset_parameters()
+            else:
+                head.copy_from_base_layer(last_layer)
+
+    @property
+    def uses_layer_input(self):
+        return self.config.head_type == "query_extension"
+
+    # --- forward ------------------------------------------------------------------------------------------------
+    def _trunk_forward(self, input_ids=None, *, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                       inputs_embeds=None, **kwargs):
+        """Run the frozen trunk. Returns (normed final hidden [B,T,H], input of the last layer [B,T,H] or None, cache)."""
+        trunk = self._parts()[0]
+        need_layer_input = self.uses_layer_input
+        out = trunk(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=[-2] if need_layer_input else None,
+            **kwargs,
+        )
+        layer_input = out.hidden_states[-2] if need_layer_input else None
+        return out.last_hidden_state, layer_input, out.cache
+
+    def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
+                     base_kv=None, head_past=None, num_heads=None):
+        """
+        Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
+
+        normed / layer_input: [B, T, H]; next_token_ids: [B, T] the token after each position (`feature_and_token`);
+        position_ids: [B, T]; base_kv: the base last layer's (keys, values) covering every attended position
+        (`share_kv`); head_past: per-head own (keys, values) of earlier positions, or None.
+        Returns ([B, T, num_heads-1, H], per-head new (keys, values) for own-kv heads or None).
+        """
+        heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
+        if not self.uses_layer_input:
+            # normed: [B, T, H] -> [B, T, K-1, H]
+            return torch.stack([head(normed) for head in heads], dim=2), None
+        _, _, final_norm, embed_tokens, rotary = self._parts()
+        position_embeddings = rotary(layer_input, position_ids) if rotary is not None else None
+        token_embeds = embed_tokens(next_token_ids) if self.config.head_input == "feature_and_token" else None
+        q_len = layer_input.shape[1]
+        states, new_kvs = [], []
+        for i, head in enumerate(heads):
+            if head.share_kv:
+                past = base_kv
+                key_len = past[0].shape[2]
+            else:
+                past = head_past[i] if head_past is not None else None
+                key_len = q_len + (past[0].shape[2] if past is not None else 0)
+            mask = head_attention_mask(q_len, key_len, key_padding_mask, device=layer_input.device)
+            hidden, new_kv = head(
+                layer_input, attn_mask=mask, position_embeddings=position_embeddings, token_embeds=token_embeds,
+                past_kv=past,
+            )
+            states.append(final_norm(hidden))
+            new_kvs.append(new_kv)
+        return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, logits_to_keep=0, output_head_logits=False, **kwargs):
+        r"""
+        Without `labels` or `output_head_logits=True` this is exactly the base causal LM's forward, at its cost.
+        Otherwise also computes the heads and returns a [`MultiTokenCausalLMOutput`] whose `logits` are the base
+        model's and whose `head_logits` are `[batch, seq, num_heads - 1, vocab]`; with `labels`, `loss` aggregates
+        the per-head cross-entropies (`head_losses`).
+        """
+        if labels is None and not output_head_logits:
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
+            )
+        num_heads = self.config.num_heads
+        if labels is not None and labels.shape[1] <= num_heads:
+            raise ValueError(
+                f"labels have {labels.shape[1]} tokens, so head {num_heads - 1} has nothing to predict; "
+                f"use sequences of at least num_heads + 1 = {num_heads + 1} tokens."
+            )
+        share_kv = self.uses_layer_input and self.config.head_share_kv
+        normed, layer_input, out_cache = self._trunk_forward(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            use_cache=True if share_kv else use_cache, inputs_embeds=inputs_embeds, **kwargs,
+        )
+        logits = self.lm_head(normed)
+        seq_len = normed.shape[1]
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + seq_len, device=normed.device)[None]
+        next_token_ids = None
+        if self.uses_layer_input and self.config.head_input == "feature_and_token":
+            if input_ids is None:
+                raise ValueError("head_input='feature_and_token' needs input_ids (the next tokens), not inputs_embeds.")
+            # Teacher forcing: the token after position t is input_ids[t + 1]; the last position has none (id 0).
+            next_token_ids = F.pad(input_ids[:, 1:], (0, 1), value=0)
+        base_kv = None
+        if share_kv:
+            last = out_cache.layers[-1]
+            base_kv = (last.keys, last.values)
+        head_states, _ = self._head_states(
+            normed=normed, layer_input=layer_input, next_token_ids=next_token_ids, position_ids=position_ids,
+            key_padding_mask=attention_mask if attention_mask is not None and (attention_mask == 0).any() else None,
+            base_kv=base_kv,
+        )
+        head_logits = self.lm_head(head_states)
+        loss = head_losses = None
+        if labels is not None:
+            loss, head_losses = multi_token_loss(logits, head_logits, labels, self.config.head_loss_weights)
+        return MultiTokenCausalLMOutput(
+            loss=loss, logits=logits, cache=out_cache if use_cache else None, head_logits=head_logits,
+            head_losses=head_losses,
+        )
+
+    # --- generation ---------------------------------------------------------------------------------------------
+    def generate(self, *args, multi_token_mode=False, num_predict_heads=None, **kwargs):
+        r"""
+        `generate()` of the base model, plus the multi-token greedy mode:
+
+        - `multi_token_mode=True` (or `"verified"`): heads draft `num_predict_heads - 1` tokens, the base model verifies
+          them in its next forward pass and keeps the longest agreeing prefix. The output is token-for-token the
+          output of `generate(do_sample=False)`.
+        - `multi_token_mode="unverified"`: the articles' append-every-draft mode. Faster, but its output is not the
+          greedy output; opt-in only.
+        - `num_predict_heads` (defaults to `generation_config.num_predict_heads`, else `config.num_heads`): tokens
+          proposed per forward pass, at most `config.num_heads`.
+
+        With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
+        forward pass, per-head acceptance).
+        """
+        if not multi_token_mode:
+            if num_predict_heads is not None:
+                raise ValueError(
+                    f"num_predict_heads={num_predict_heads} only applies with multi_token_mode=True; pass both or neither."
+                )
+            return super().generate(*args, **kwargs)
+        if multi_token_mode is True:
+            multi_token_mode = "verified"
+        if multi_token_mode not in MULTI_TOKEN_MODES:
+            raise ValueError(
+                f"multi_token_mode={multi_token_mode!r} is not supported; pass True, 'verified' or 'unverified'."
+            )
+        if kwargs.get("custom_generate") is not None or kwargs.get("assistant_model") is not None:
+            raise ValueError("multi_token_mode cannot be combined with custom_generate or assistant_model.")
+        num_predict_heads = resolve_num_predict_heads(self, num_predict_heads, kwargs.get("generation_config"))
+        # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
+        # streamer is bound here and stop strings are turned into their stopping criterion here (the same
+        # `StopStringCriteria` that `generate()` would build).
+        decoding = partial(
+            multi_token_decoding, multi_token_streamer=kwargs.get("streamer"),
+            num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
+        )
+        _move_stop_strings_into_criteria(self, kwargs)
+        return super().generate(*args, custom_generate=decoding, **kwargs)
+
+    # --- loading ------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, *args, allow_fresh_heads=False, **kwargs):
+        r"""
+        `PreTrainedModel.from_pretrained`, strict about the heads: a checkpoint whose head weights are missing or
+        mis-shaped raises instead of silently coming up with random heads. Pass `allow_fresh_heads=True` to start
+        untrained heads (re-initialised from the base model) on purpose.
+        """
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(info.get("missing_keys", []))
+        mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", []))
+        bad_heads = [k for k in missing + mismatched if k.startswith(HEADS_PREFIX)]
+        bad_base = [k for k in missing + mismatched if not k.startswith(HEADS_PREFIX)]
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if bad_base:
+            raise ValueError(
+                f"The checkpoint {source!r} lacks or mis-shapes base weights {bad_base[:5]} "
+                f"({len(bad_base)} in all): it is corrupt or was saved from a different architecture."
+            )
+        if bad_heads:
+            if not allow_fresh_heads:
+                raise ValueError(
+                    f"The checkpoint {source!r} lacks or mis-shapes head weights {bad_heads[:5]} ({len(bad_heads)} in "
+                    f"all) for num_heads={model.config.num_heads}, head_type={model.config.head_type!r}. Load a "
+                    "checkpoint saved with these settings, or pass allow_fresh_heads=True to start untrained heads."
+                )
+            logger.warning(f"Starting {len(model.mtp_heads)} untrained heads (allow_fresh_heads=True).")
+            model.reset_heads()
+        return (model, info) if want_info else model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # `register_for_auto_class` fills auto_map for AutoConfig and AutoModelForCausalLM; AutoModel is added here so
+        # `AutoModel.from_pretrained(..., trust_remote_code=True)` also finds the class.
+        auto_map = dict(getattr(self.config, "auto_map", None) or {})
+        auto_map["AutoConfig"] = f"configuration_multi_token.{type(self.config).__name__}"
+        auto_map["AutoModel"] = f"modeling_multi_token.{type(self).__name__}"
+        auto_map["AutoModelForCausalLM"] = f"modeling_multi_token.{type(self).__name__}"
+        self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def _move_stop_strings_into_criteria(model, kwargs):
+    """Build `generate()`'s own `StopStringCriteria` for `stop_strings` (see the note in `generate`)."""
+    from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
+
+    config = kwargs.get("generation_config") or model.generation_config
+    stop_strings = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
+    tokenizer = kwargs.pop("tokenizer", None)
+    if not stop_strings:
+        return
+    if tokenizer is None:
+        raise ValueError(
+            f"stop_strings={stop_strings!r} needs the tokenizer: pass tokenizer=... to generate(), as with plain "
+            "generate()."
+        )
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+    kwargs["stopping_criteria"] = criteria
+    if getattr(config, "stop_strings", None):  # keep generate() from building the criterion a second time
+        kwargs["generation_config"] = GenerationConfig(**{**config.to_dict(), "stop_strings": None})
+
+
+class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
+    config_class = MultiTokenLlamaConfig
+    query_extension_head_class = LlamaQueryExtensionHead
+
+    def __init__(self, config: MultiTokenLlamaConfig):
+        super().__init__(config)
+        self._build_heads()
+
+    def _parts(self):
+        return self.model, self.model.layers[-1], self.model.norm, self.model.embed_tokens, self.model.rotary_emb
+
+
+class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
+    config_class = MultiTokenGPT2Config
+    query_extension_head_class = GPT2QueryExtensionHead
+
+    def __init__(self, config: MultiTokenGPT2Config):
+        super().__init__(config)
+        self._build_heads()
+
+    def _parts(self):
+        # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding
+        return self.transformer, self.transformer.h[-1], self.transformer.ln_f, self.transformer.wte, None
+
+
+# `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
+MultiTokenLlamaConfig.register_for_auto_class()
+MultiTokenGPT2Config.register_for_auto_class()
+LlamaForMultiTokenPrediction.register_for_auto_class("AutoModelForCausalLM")
+GPT2ForMultiTokenPrediction.register_for_auto_class("AutoModelForCausalLM")
