@@ -1,0 +1,269 @@
+"""generate(multi_token_mode=True) is token-for-token generate(do_sample=False), whatever the heads draft."""
+
+import random
+
+import pytest
+import torch
+from conftest import ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, randomize_heads, tiny_base, tiny_mtp
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, StoppingCriteria
+
+import transformers_mtp
+from transformers_mtp import generation_multi_token
+from transformers_mtp.generation_multi_token import _Decoder
+
+
+def greedy(model, prompt, **kwargs):
+    return model.generate(prompt, do_sample=False, **kwargs)
+
+
+def mtp(model, prompt, **kwargs):
+    kwargs = {"do_sample": False, "multi_token_mode": True, "return_dict_in_generate": True, **kwargs}
+    return model.generate(prompt, **kwargs)
+
+
+class OracleDrafts:
+    """Drafts read from a precomputed greedy continuation, each corrupted with probability `error_rate`."""
+
+    def __init__(self, reference, error_rate, seed=0):
+        self.reference, self.error_rate, self.rng = reference[0].tolist(), error_rate, random.Random(seed)
+
+    def __call__(self, decoder, normed, layer_input, next_tokens, positions, num_drafts):
+        start = decoder.sequence.shape[1]
+        drafts = []
+        for j in range(num_drafts):
+            right = self.reference[start + j] if start + j < len(self.reference) else 3
+            wrong = (right + 1 + self.rng.randrange(VOCAB - 1)) % VOCAB
+            drafts.append(wrong if self.rng.random() < self.error_rate else right)
+        return torch.tensor([drafts], dtype=torch.long)
+
+
+def use_drafts(monkeypatch, drafter):
+    """Replace the heads' drafting step of the decode loop with `drafter`."""
+    monkeypatch.setattr(_Decoder, "draft", lambda decoder, *args: drafter(decoder, *args))
+
+
+# --- property test ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_random_heads_match_greedy(arch, head_type, extra, k):
+    proposed = 0
+    for seed in range(2):
+        model = randomize_heads(
+            transformers_mtp.convert(tiny_base(arch, seed), num_heads=6, head_type=head_type, **extra), seed, 0.1
+        )
+        rng = random.Random(seed * 100 + k)
+        for prompt_len in (1, 4, 13):
+            prompt = torch.randint(3, VOCAB, (1, prompt_len), generator=torch.Generator().manual_seed(seed + prompt_len))
+            max_new = rng.randint(1, 40)
+            expected = greedy(model, prompt, max_new_tokens=max_new)
+            out = mtp(model, prompt, max_new_tokens=max_new, num_predict_heads=k)
+            assert torch.equal(out.sequences, expected), (seed, prompt_len, max_new)
+            proposed += sum(out.multi_token_stats.head_proposed)
+            # EOS placed on a token of the greedy continuation: both stop at its first occurrence
+            new = expected[0, prompt_len:]
+            eos = int(new[rng.randrange(len(new))])
+            expected = greedy(model, prompt, max_new_tokens=max_new, eos_token_id=eos)
+            out = mtp(model, prompt, max_new_tokens=max_new, num_predict_heads=k, eos_token_id=eos)
+            assert torch.equal(out.sequences, expected), (seed, prompt_len, max_new, eos)
+            assert out.sequences[0, -1] == eos or out.sequences.shape[1] == prompt_len + max_new
+    assert proposed > 0
+
+
+@pytest.mark.parametrize("error_rate", [0.0, 0.2, 0.5])
+@pytest.mark.parametrize("k", [2, 4, 6])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_noisy_oracle_drafts_match_greedy(arch, k, error_rate, monkeypatch):
+    """Partial acceptance at every depth, EOS and max_new_tokens landing inside accepted blocks."""
+    model = tiny_mtp(arch, "resblock", num_heads=6)
+    for seed in range(4):
+        prompt = torch.randint(3, VOCAB, (1, 1 + 3 * seed), generator=torch.Generator().manual_seed(seed))
+        reference = greedy(model, prompt, max_new_tokens=60)
+        use_drafts(monkeypatch, OracleDrafts(reference, error_rate, seed))
+        for max_new in (1, 7, 30, 60):
+            out = mtp(model, prompt, max_new_tokens=max_new, num_predict_heads=k)
+            assert torch.equal(out.sequences, reference[:, : prompt.shape[1] + max_new])
+            eos = int(reference[0, min(prompt.shape[1] + max_new // 2, reference.shape[1] - 1)])
+            expected = greedy(model, prompt, max_new_tokens=max_new, eos_token_id=eos)
+            assert torch.equal(mtp(model, prompt, max_new_tokens=max_new, num_predict_heads=k,
+                                   eos_token_id=eos).sequences, expected)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_acceptance_emits_k_tokens_per_forward(arch, k, monkeypatch):
+    model = tiny_mtp(arch, num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(k))
+    max_new = 1 + 6 * k  # prefill emits 1 token, then 6 steps of k tokens
+    reference = greedy(model, prompt, max_new_tokens=max_new)
+    use_drafts(monkeypatch, OracleDrafts(reference, 0.0))
+    out = mtp(model, prompt, max_new_tokens=max_new, num_predict_heads=k)
+    stats = out.multi_token_stats
+    assert torch.equal(out.sequences, reference)
+    assert stats.forward_passes == 7 and stats.new_tokens == max_new
+    assert stats.head_acceptance == [1.0] * (k - 1)
+    assert stats.tokens_per_forward == max_new / 7
+    assert stats.to_dict()["head_proposed"] == [6] * (k - 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_after_rollback_equals_rebuilt_cache(arch, monkeypatch):
+    model = tiny_mtp(arch, num_heads=5)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+    reference = greedy(model, prompt, max_new_tokens=40)
+    use_drafts(monkeypatch, OracleDrafts(reference, 0.3, seed=1))
+    checked = []
+    original = _Decoder.roll_back
+
+    def checking_roll_back(decoder, keep):
+        removed = decoder.cache.get_seq_length() - keep
+        original(decoder, keep)
+        # everything but the newest emitted token (it is fed in the next pass) is cached, nothing more
+        sequence = decoder.sequence
+        assert decoder.cache.get_seq_length() == sequence.shape[1] - 1
+        rebuilt = model(sequence[:, :-1], use_cache=True).cache
+        for got, want in zip(decoder.cache.layers, rebuilt.layers):
+            assert got.keys.shape == want.keys.shape
+            # Same values up to float reordering: the cached rows came from a k-token pass, the rebuilt ones from
+            # one pass over the whole sequence (different GEMM shapes sum in a different order).
+            assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
+        checked.append(removed)
+
+    monkeypatch.setattr(_Decoder, "roll_back", checking_roll_back)
+    out = mtp(model, prompt, max_new_tokens=40, num_predict_heads=5)
+    assert torch.equal(out.sequences, reference)
+    assert any(r > 0 for r in checked), "no partial acceptance happened: the test checked nothing"
+
+
+# --- parity with generate() features -----------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_processors_attention_mask_and_scores(arch, monkeypatch):
+    model = tiny_mtp(arch, num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=25, repetition_penalty=1.3, min_new_tokens=10, attention_mask=torch.ones_like(prompt))
+    expected = model.generate(prompt, do_sample=False, return_dict_in_generate=True, output_scores=True,
+                              output_logits=True, **kwargs)
+    use_drafts(monkeypatch, OracleDrafts(expected.sequences, 0.3))
+    out = mtp(model, prompt, output_scores=True, output_logits=True, **kwargs)
+    assert torch.equal(out.sequences, expected.sequences)
+    assert len(out.scores) == len(expected.scores) == expected.sequences.shape[1] - 7 >= 10  # min_new_tokens
+    for got, want in zip(out.scores, expected.scores):
+        assert torch.allclose(got, want, atol=1e-5)
+    for got, want in zip(out.logits, expected.logits):
+        assert torch.allclose(got, want, atol=1e-5)
+    # a user-supplied logits processor list is honoured too
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(2.0)])
+    assert torch.equal(mtp(model, prompt, max_new_tokens=20, logits_processor=processors).sequences,
+                       greedy(model, prompt, max_new_tokens=20, logits_processor=processors))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padded_single_row(arch):
+    model = tiny_mtp(arch, num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    prompt[0, :3] = 2  # pad
+    mask = torch.ones_like(prompt)
+    mask[0, :3] = 0
+    expected = greedy(model, prompt, attention_mask=mask, max_new_tokens=30)
+    assert torch.equal(mtp(model, prompt, attention_mask=mask, max_new_tokens=30).sequences, expected)
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criteria_and_max_length(monkeypatch):
+    model = tiny_mtp("llama", num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 4), generator=torch.Generator().manual_seed(7))
+    reference = greedy(model, prompt, max_new_tokens=40)
+    use_drafts(monkeypatch, OracleDrafts(reference, 0.0))
+    stop = int(reference[0, 4 + 13])
+    expected = greedy(model, prompt, max_new_tokens=40, stopping_criteria=[StopAfterToken(stop)])
+    got = mtp(model, prompt, max_new_tokens=40, stopping_criteria=[StopAfterToken(stop)]).sequences
+    assert torch.equal(got, expected) and got.shape[1] < reference.shape[1]
+    assert torch.equal(mtp(model, prompt, max_length=15).sequences, greedy(model, prompt, max_length=15))
+
+
+def test_generation_config_sets_default_num_predict_heads():
+    model = tiny_mtp("gpt2", num_heads=5)
+    prompt = torch.randint(3, VOCAB, (1, 4))
+    assert mtp(model, prompt, max_new_tokens=8).multi_token_stats.num_predict_heads == 5
+    model.generation_config.num_predict_heads = 2
+    assert mtp(model, prompt, max_new_tokens=8).multi_token_stats.num_predict_heads == 2
+    assert mtp(model, prompt, max_new_tokens=8, num_predict_heads=3).multi_token_stats.num_predict_heads == 3
+
+
+def test_plain_sequences_without_return_dict():
+    model = tiny_mtp("llama")
+    prompt = torch.randint(3, VOCAB, (1, 4))
+    out = model.generate(prompt, max_new_tokens=12, do_sample=False, multi_token_mode=True)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, greedy(model, prompt, max_new_tokens=12))
+
+
+# --- unverified mode ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+def test_unverified_mode_appends_every_draft(arch, monkeypatch):
+    model = tiny_mtp(arch, num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 5))
+    out = mtp(model, prompt, max_new_tokens=33, multi_token_mode="unverified")
+    stats = out.multi_token_stats
+    assert out.sequences.shape[1] == 5 + 33 and not stats.verified
+    assert stats.forward_passes == 1 + 8  # 1 token from the prefill, then 4 per pass
+    assert stats.tokens_per_forward == 33 / 9
+    # with drafts that are always right it is greedy
+    reference = greedy(model, prompt, max_new_tokens=33)
+    use_drafts(monkeypatch, OracleDrafts(reference, 0.0))
+    assert torch.equal(model.generate(prompt, max_new_tokens=33, multi_token_mode="unverified"), reference)
+
+
+# --- errors ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name,kwargs,message",
+    [
+        ("too many heads", {"num_predict_heads": 5}, "num_predict_heads=5 exceeds the model's num_heads=4; pass at most 4"),
+        ("zero heads", {"num_predict_heads": 0}, "num_predict_heads=0 must be an integer from 1 to num_heads=4"),
+        ("sampling", {"do_sample": True}, "do_sample=True is not supported yet"),
+        ("beams", {"num_beams": 2}, "does not support beam search \\(num_beams=2\\)"),
+        ("return sequences", {"num_return_sequences": 2}, "do not support `num_return_sequences`"),  # transformers' own
+        ("bad mode", {"multi_token_mode": "fast"}, "multi_token_mode='fast' is not supported"),
+        ("attentions", {"output_attentions": True, "return_dict_in_generate": True}, "cannot return attentions"),
+        ("stop strings", {"stop_strings": ["a"]}, "needs the tokenizer"),
+        ("unverified scores", {"multi_token_mode": "unverified", "return_dict_in_generate": True,
+                               "output_scores": True}, "has no base-model scores"),
+    ],
+)
+def test_unsupported_combinations_raise(name, kwargs, message):
+    model = tiny_mtp("llama", num_heads=4)
+    kwargs = {"multi_token_mode": True, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        model.generate(torch.randint(3, VOCAB, (1, 4)), max_new_tokens=5, **kwargs)
+
+
+def test_batch_and_length_errors():
+    model = tiny_mtp("gpt2", num_heads=4)
+    with pytest.raises(ValueError, match="supports batch size 1 \\(got 2 sequences"):
+        model.generate(torch.randint(3, VOCAB, (2, 4)), max_new_tokens=5, multi_token_mode=True)
+    with pytest.raises(ValueError, match="exceeds the model's n_positions=256"):
+        model.generate(torch.randint(3, VOCAB, (1, 250)), max_new_tokens=10, multi_token_mode=True)
+    with pytest.raises(ValueError, match="only applies with multi_token_mode=True"):
+        model.generate(torch.randint(3, VOCAB, (1, 4)), max_new_tokens=5, num_predict_heads=2)
+
+
+# --- wrapped by PEFT -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_through_peft_wrapper(arch):
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_mtp(arch, "query_extension", num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 6))
+    expected = greedy(model, prompt, max_new_tokens=20)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=r".*mtp_heads\.\d+\.q_proj"))
+    assert all("mtp_heads" in n for n, p in peft_model.named_parameters() if p.requires_grad)
+    out = peft_model.generate(input_ids=prompt, max_new_tokens=20, do_sample=False, multi_token_mode=True,
+                              return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected) and out.multi_token_stats.forward_passes > 0
