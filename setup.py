@@ -22,4 +22,5 @@ setup(
         "tqdm>=4.66",
     ],
     extras_require={"test": ["pytest>=8"]},
+    entry_points={"console_scripts": ["transformers-mtp=transformers_mtp.cli:main"]},
 )

