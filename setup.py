@@ -20,6 +20,8 @@ setup(
         "safetensors>=0.6,<0.9",
         "gguf>=0.19,<0.20",  # reads the embedded default model (a GGUF file) and other GGUF checkpoints
         "tqdm>=4.66",
+        "pyyaml>=6",  # presets in configuration/
+        "jinja2>=3",  # model cards (huggingface_hub's ModelCard.from_template)
     ],
     extras_require={"test": ["pytest>=8"]},
     entry_points={"console_scripts": ["transformers-mtp=transformers_mtp.cli:main"]},

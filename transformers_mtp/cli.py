@@ -38,22 +38,31 @@ def load_model_and_tokenizer(model_path, num_heads):
 
 def cmd_convert(args):
     import transformers_mtp
+    from transformers_mtp.default_model import DEFAULT_BASE_MODEL_ID, DEFAULT_LICENSE
+    from transformers_mtp.model_card import render_model_card
+    from transformers_mtp.presets import load_preset
     from transformers_mtp.saving import save_atomically
 
-    source = args.base or transformers_mtp.default_gguf_path()
-    tokenizer = None
-    if args.base is None:
+    settings = load_preset(args.preset) if args.preset else {}
+    for key in ("base", "num_heads", "head_type", "num_predict_heads"):  # the command line overrides the preset
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    source = settings.pop("base", "default")
+    if source == "default":
         base, tokenizer = transformers_mtp.load_default_base()
-        source = base
-    model = transformers_mtp.convert(source, num_heads=args.num_heads, head_type=args.head_type)
-    if tokenizer is None and args.base is not None:
+        base_model, license = DEFAULT_BASE_MODEL_ID, DEFAULT_LICENSE
+    else:
         from transformers import AutoTokenizer
 
+        base = transformers_mtp.load_base_model(source)
+        base_model, license = base.config.name_or_path or str(source), args.license
         try:
-            tokenizer = AutoTokenizer.from_pretrained(args.base, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
         except (OSError, ValueError):
             tokenizer = None  # a bare weights folder: the user brings the tokenizer
-    save_atomically(model, args.output_dir, tokenizer=tokenizer, overwrite=args.overwrite)
+    model = transformers_mtp.convert(base, **settings)
+    card = render_model_card(model, base_model=base_model, license=license)
+    save_atomically(model, args.output_dir, tokenizer=tokenizer, model_card=card, overwrite=args.overwrite)
     print(f"Saved a {model.config.num_heads}-head {model.config.head_type} multi-token model to {args.output_dir}")
 
 
@@ -118,13 +127,16 @@ def build_parser():
     demo.set_defaults(func=cmd_demo)
 
     convert = sub.add_parser("convert", help="add multi-token heads to a checkpoint and save it",
-                             epilog="example: transformers-mtp convert --output-dir smollm2-mtp --num-heads 4\n"
-                                    "         transformers-mtp convert --base ./my-llama --output-dir my-llama-mtp",
+                             epilog="examples:\n  transformers-mtp convert --preset smollm2-135m --output-dir smollm2-mtp\n"
+                                    "  transformers-mtp convert --base ./my-llama --num-heads 4 --output-dir my-llama-mtp",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    convert.add_argument("--base", help="local checkpoint folder or .gguf file (default: the embedded SmolLM2)")
+    convert.add_argument("--preset", help="YAML preset: a path, or a name from configuration/ (smollm2-135m, gpt2, llama)")
+    convert.add_argument("--base", help="local checkpoint folder or .gguf file, or 'default' for the embedded SmolLM2")
     convert.add_argument("--output-dir", required=True)
-    convert.add_argument("--num-heads", type=int, default=4)
-    convert.add_argument("--head-type", default="resblock", choices=["linear", "resblock", "query_extension"])
+    convert.add_argument("--num-heads", type=int, default=None, help="default: the preset's, else 4")
+    convert.add_argument("--head-type", default=None, choices=["linear", "resblock", "query_extension"])
+    convert.add_argument("--num-predict-heads", type=int, default=None, help="default tokens per step at generation")
+    convert.add_argument("--license", default=None, help="license of the base model, for the model card")
     convert.add_argument("--overwrite", action="store_true", help="replace a non-empty --output-dir")
     convert.set_defaults(func=cmd_convert)
 

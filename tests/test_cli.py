@@ -1,0 +1,69 @@
+import json
+
+import pytest
+import torch
+import yaml
+from conftest import VOCAB, tiny_base
+from huggingface_hub import ModelCard
+from transformers import AutoModelForCausalLM
+
+from transformers_mtp.cli import build_parser, main
+from transformers_mtp.presets import PRESET_DIR, load_preset
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_convert_command_writes_a_loadable_checkpoint_with_card(arch, tmp_path):
+    base = tiny_base(arch)
+    base.save_pretrained(tmp_path / "base")
+    out = tmp_path / "converted"
+    assert main(["convert", "--base", str(tmp_path / "base"), "--output-dir", str(out), "--num-heads", "3",
+                 "--head-type", "linear", "--num-predict-heads", "2", "--license", "mit"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.randint(0, VOCAB, (1, 6))
+    assert torch.equal(model(ids).logits, base(ids).logits)
+    assert model.config.num_heads == 3 and model.generation_config.num_predict_heads == 2
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+    assert {"custom_code", "multi-token-prediction"} <= set(card.data.tags) and card.data.license == "mit"
+    assert card.data.base_model and "multi_token_mode=True" in card.text and "trust_remote_code=True" in card.text
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".converted")]  # no staging folder left
+
+
+def test_convert_refuses_to_overwrite_without_flag(tmp_path, capsys):
+    tiny_base("gpt2").save_pretrained(tmp_path / "base")
+    out = tmp_path / "converted"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    args = ["convert", "--base", str(tmp_path / "base"), "--output-dir", str(out)]
+    assert main(args) == 2
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert (out / "precious.txt").read_text() == "keep me"
+    assert main(args + ["--overwrite"]) == 0
+    assert not (out / "precious.txt").exists() and (out / "config.json").exists()
+
+
+def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
+    assert main(["convert", "--base", str(tmp_path / "missing"), "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "TRANSFORMERS_MTP_DEBUG=1" in err and "neither a checkpoint folder" in err
+
+
+def test_presets_are_valid_and_unknown_keys_rejected(tmp_path):
+    names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    assert names == ["gpt2", "llama", "smollm2-135m"]
+    for name in names:
+        preset = load_preset(name)
+        assert 2 <= preset["num_heads"] <= 16 and preset["num_predict_heads"] <= preset["num_heads"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"num_heads": 4, "num_hedas": 3}))
+    with pytest.raises(ValueError, match="unknown keys \\['num_hedas'\\]"):
+        load_preset(bad)
+    with pytest.raises(FileNotFoundError, match="No preset 'nope'"):
+        load_preset("nope")
+
+
+def test_every_command_has_an_example_in_help():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "demo" in a.choices).choices
+    for name, sub in subparsers.items():
+        assert "example" in sub.format_help(), name

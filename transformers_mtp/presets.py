@@ -1,0 +1,27 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""Presets: short YAML files in `configuration/`, each number commented with why it is what it is."""
+
+from pathlib import Path
+
+import yaml
+
+PRESET_KEYS = ("base", "num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
+               "num_predict_heads")
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configuration"  # the repository's configuration/ folder
+
+
+def load_preset(name_or_path) -> dict:
+    """Read a preset by path, or by name from `configuration/` (`smollm2-135m`). Unknown keys are an error."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) if PRESET_DIR.is_dir() else []
+        raise FileNotFoundError(f"No preset {str(name_or_path)!r}; pass a YAML file or one of {known}.")
+    preset = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(preset, dict):
+        raise ValueError(f"Preset {path} must be a mapping of keys to values.")
+    unknown = sorted(set(preset) - set(PRESET_KEYS))
+    if unknown:
+        raise ValueError(f"Preset {path} has unknown keys {unknown}; allowed keys are {list(PRESET_KEYS)}.")
+    return preset
