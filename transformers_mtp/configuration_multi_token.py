@@ -50,6 +50,10 @@ class MultiTokenConfigMixin:
     head_share_kv: bool = True
     head_loss_weights: list[float] | None = None
 
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)  # the base architecture's config (LlamaConfig / GPT2Config) first
+        self.validate_multi_token_fields()
+
     def validate_multi_token_fields(self):
         """Raise a `ValueError` naming the bad field, its value and the allowed values."""
         if not 2 <= self.num_heads <= MAX_NUM_HEADS:
@@ -85,10 +89,6 @@ class MultiTokenLlamaConfig(MultiTokenConfigMixin, LlamaConfig):
 
     model_type = "multi_token_llama"
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.validate_multi_token_fields()
-
 
 @strict
 class MultiTokenGPT2Config(MultiTokenConfigMixin, GPT2Config):
@@ -98,7 +98,3 @@ class MultiTokenGPT2Config(MultiTokenConfigMixin, GPT2Config):
     """
 
     model_type = "multi_token_gpt2"
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.validate_multi_token_fields()

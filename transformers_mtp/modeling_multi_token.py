@@ -83,6 +83,10 @@ class MultiTokenPredictionMixin:
 
     query_extension_head_class: type
 
+    def __init__(self, config):
+        super().__init__(config)  # the base causal LM (LlamaForCausalLM / GPT2LMHeadModel) first
+        self._build_heads()
+
     # --- architecture ------------------------------------------------------------------------------------------
     def _parts(self):
         """(trunk, last decoder layer, final norm, token embedding, rotary embedding or None)"""
@@ -328,10 +332,6 @@ class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
     config_class = MultiTokenLlamaConfig
     query_extension_head_class = LlamaQueryExtensionHead
 
-    def __init__(self, config: MultiTokenLlamaConfig):
-        super().__init__(config)
-        self._build_heads()
-
     def _parts(self):
         return self.model, self.model.layers[-1], self.model.norm, self.model.embed_tokens, self.model.rotary_emb
 
@@ -339,10 +339,6 @@ class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
 class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
     config_class = MultiTokenGPT2Config
     query_extension_head_class = GPT2QueryExtensionHead
-
-    def __init__(self, config: MultiTokenGPT2Config):
-        super().__init__(config)
-        self._build_heads()
 
     def _parts(self):
         # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding
