@@ -10,6 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["transformers_mtp", "transformers_mtp.*"]),
+    package_data={"transformers_mtp": ["bench_prompts.jsonl"]},
     python_requires=">=3.10",
     # Ranges we test: torch 2.13, transformers 5.24, peft 0.21, huggingface_hub 2.4, safetensors 0.8 (CPU).
     install_requires=[
@@ -22,6 +23,7 @@ setup(
         "tqdm>=4.66",
         "pyyaml>=6",  # presets in configuration/
         "jinja2>=3",  # model cards (huggingface_hub's ModelCard.from_template)
+        "matplotlib>=3.7",  # benchmark plots
     ],
     extras_require={"test": ["pytest>=8"]},
     entry_points={"console_scripts": ["transformers-mtp=transformers_mtp.cli:main"]},

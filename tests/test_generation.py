@@ -105,6 +105,7 @@ def test_full_acceptance_emits_k_tokens_per_forward(arch, k, monkeypatch):
     assert stats.head_acceptance == [1.0] * (k - 1)
     assert stats.tokens_per_forward == max_new / 7
     assert stats.to_dict()["head_proposed"] == [6] * (k - 1)
+    assert stats.accepted_per_step == [k] * 6
 
 
 @pytest.mark.parametrize("arch", ARCHS)

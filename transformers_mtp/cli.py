@@ -115,6 +115,61 @@ def cmd_demo(args):
         raise SystemExit(1)
 
 
+def load_prompts(path=None):
+    """The shipped prompt set (code and chat, tagged by kind), or a JSONL file of {"prompt", "kind", "id"}."""
+    import json
+    from pathlib import Path
+
+    path = Path(path) if path else Path(__file__).with_name("bench_prompts.jsonl")
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line.") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ValueError(f'{path}:{number} needs a "prompt" string, e.g. {{"prompt": "...", "kind": "code"}}.')
+        prompts.append({"id": str(item.get("id", f"prompt-{number}")), "kind": item.get("kind", "chat"),
+                        "prompt": item["prompt"]})
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts; write one JSON object per line.")
+    return prompts
+
+
+def cmd_bench(args):
+    import platform
+
+    import torch
+
+    from transformers_mtp.benchmark import markdown_table, run_benchmark, write_report
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was given but no CUDA device is visible; use --device cpu.")
+    if args.dtype == "bfloat16" and device.type != "cuda":
+        raise ValueError("--dtype bfloat16 is for GPUs; on CPU use --dtype float32.")
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.num_heads)
+    model = model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
+    prompts = load_prompts(args.prompts)[: args.limit]
+    for prompt in prompts:
+        ids = prompt["prompt"] if args.raw else None
+        prompt["input_ids"] = (tokenizer(ids, return_tensors="pt")["input_ids"] if args.raw
+                               else chat_input_ids(tokenizer, prompt["prompt"])).to(device)
+    num_heads = model.config.num_heads
+    ks = list(range(2, num_heads + 1)) if args.k_sweep else [args.num_predict_heads] if args.num_predict_heads else None
+    result = run_benchmark(model, prompts, modes=args.modes, ks=ks, max_new_tokens=args.max_new_tokens)
+    environment = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
+                   "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
+                   "model": args.model or "embedded SmolLM2-135M-Instruct, freshly converted",
+                   "num_heads": num_heads, "head_type": model.config.head_type}
+    write_report(result, args.output_dir, environment=environment)
+    print(markdown_table(result["summary"]))
+    print(f"Wrote bench.json, bench.md and plots to {args.output_dir}")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="transformers-mtp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,6 +205,25 @@ def build_parser():
     generate.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
     generate.add_argument("--compare", action="store_true", help="also run plain greedy; report identity and speedup")
     generate.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="greedy vs multi-token vs prompt lookup, interleaved in one process",
+                           epilog="examples:\n  transformers-mtp bench --model smollm2-mtp --output-dir bench-out\n"
+                                  "  transformers-mtp bench --prompts my_prompts.jsonl --k-sweep --limit 4",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, converted)")
+    bench.add_argument("--num-heads", type=int, default=4, help="heads when converting the default model")
+    bench.add_argument("--prompts", help='JSONL file, one {"prompt": ..., "kind": "code"|"chat", "id": ...} per line')
+    bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    bench.add_argument("--raw", action="store_true", help="use prompts as they are, without the chat template")
+    bench.add_argument("--modes", nargs="+", default=["verified", "unverified", "prompt_lookup"],
+                       choices=["verified", "unverified", "prompt_lookup"], help="compared against plain greedy")
+    bench.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the generation config's)")
+    bench.add_argument("--k-sweep", action="store_true", help="measure every k from 2 to num_heads")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bench.add_argument("--output-dir", default="bench-out")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -39,6 +39,7 @@ class MultiTokenStats:
     new_tokens: int = 0
     head_proposed: list[int] = field(default_factory=list)  # [i - 1]: steps in which head i's draft was checked
     head_accepted: list[int] = field(default_factory=list)  # [i - 1]: ... and equalled the base model's argmax
+    accepted_per_step: list[int] = field(default_factory=list)  # tokens each verify pass accepted (drafts + 1)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -60,6 +61,7 @@ class MultiTokenStats:
             "head_proposed": self.head_proposed,
             "head_accepted": self.head_accepted,
             "head_acceptance": self.head_acceptance,
+            "accepted_per_step": self.accepted_per_step,
         }
 
 
@@ -297,6 +299,7 @@ def _verified_steps(decoder, prompt, max_length):
         for i in range(d):
             stats.head_proposed[i] += 1
             stats.head_accepted[i] += int(i < n)
+        stats.accepted_per_step.append(n + 1)
         accepted = torch.cat([drafts[:, :n], choices[:, n : n + 1]], dim=1)  # [1, n + 1]
         # emit, token by token, as plain greedy would
         if decoder.emit(accepted, scores[:, : n + 1], logits[:, : n + 1]):

@@ -1,0 +1,47 @@
+import json
+
+import torch
+from conftest import VOCAB, tiny_mtp
+
+from transformers_mtp.benchmark import markdown_table, run_benchmark, write_report
+from transformers_mtp.cli import load_prompts
+
+
+def test_benchmark_measures_every_mode_against_greedy(tmp_path):
+    model = tiny_mtp("llama", num_heads=4, seed=3)
+    prompts = [{"id": f"p{i}", "kind": "code" if i % 2 else "chat",
+                "input_ids": torch.randint(3, VOCAB, (1, 5 + i), generator=torch.Generator().manual_seed(i))}
+               for i in range(4)]
+    result = run_benchmark(model, prompts, ks=[2, 4], max_new_tokens=16, progress=False)
+    records = result["records"]
+    assert len(records) == 4 * (1 + 3 * 2)
+    verified = [r for r in records if r["mode"] == "verified"]
+    assert all(r["identical"] for r in verified)  # lossless, whatever the heads draft
+    assert all(r["forward_passes"] >= 1 and r["seconds"] > 0 and 0 < r["ttft"] <= r["seconds"] for r in records)
+    greedy = [r for r in records if r["mode"] == "greedy"]
+    assert all(r["forward_passes"] == r["new_tokens"] for r in greedy)  # one token per pass, counted by the hook
+    unverified = [r for r in records if r["mode"] == "unverified" and r["k"] == 4]
+    assert all(r["forward_passes"] < r["new_tokens"] for r in unverified if r["new_tokens"] > 4)
+    rows = {(s["mode"], s["k"], s["kind"]) for s in result["summary"]}
+    assert {("verified", 4, "all"), ("verified", 4, "code"), ("prompt_lookup", 2, "chat"), ("greedy", 1, "all")} <= rows
+    greedy_row = next(s for s in result["summary"] if (s["mode"], s["kind"]) == ("greedy", "all"))
+    assert greedy_row["speedup"]["median"] == 1.0 and greedy_row["exact_match_rate"] == 1.0
+    assert "| verified (all) | 4 |" in markdown_table(result["summary"])
+    write_report(result, tmp_path, environment={"device": "cpu"})
+    assert json.loads((tmp_path / "bench.json").read_text())["environment"] == {"device": "cpu"}
+    for name in ("bench.md", "head_acceptance.png", "speedup_per_prompt.png", "tokens_per_forward.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_prompt_files(tmp_path):
+    shipped = load_prompts()
+    assert {p["kind"] for p in shipped} == {"code", "chat"} and len(shipped) >= 16
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\nnot json\n')
+    import pytest
+
+    with pytest.raises(ValueError, match="bad.jsonl:2 is not valid JSON"):
+        load_prompts(bad)
+    bad.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(ValueError, match='needs a "prompt" string'):
+        load_prompts(bad)
