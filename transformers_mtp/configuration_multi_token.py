@@ -38,6 +38,10 @@ class MultiTokenConfigMixin:
         head_share_kv (`bool`, *optional*, defaults to `True`):
             Whether a `query_extension` head attends over the base last layer's keys and values (no extra cache) or
             computes its own from its input.
+        draft_vocab_size (`int`, *optional*):
+            Draft over the `draft_vocab_size` tokens the base model emits most (chosen at training, EAGLE-3 style)
+            instead of the whole vocabulary: drafting and head training get several times cheaper, and a token
+            outside that set is simply never drafted (verification keeps the output exact). `None`: full vocabulary.
         head_loss_weights (`list[float]`, *optional*):
             Weight of each head's cross-entropy in the aggregated loss (length `num_heads`, head 0 first). `None`
             means a plain mean over heads, as seed 004 recommends.
@@ -49,6 +53,7 @@ class MultiTokenConfigMixin:
     head_input: str = "feature"
     head_share_kv: bool = True
     head_loss_weights: list[float] | None = None
+    draft_vocab_size: int | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)  # the base architecture's config (LlamaConfig / GPT2Config) first
@@ -67,6 +72,11 @@ class MultiTokenConfigMixin:
             raise ValueError(f"head_rank={self.head_rank} must be a positive integer (the articles suggest 32-128).")
         if self.head_input not in HEAD_INPUTS:
             raise ValueError(f"head_input={self.head_input!r} is not supported; choose one of {list(HEAD_INPUTS)}.")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} is out of range; pass 1 to vocab_size={self.vocab_size}, "
+                "or None for the full vocabulary."
+            )
         if self.head_loss_weights is not None:
             weights = self.head_loss_weights
             if len(weights) != self.num_heads:

@@ -40,27 +40,33 @@ class MultiTokenCausalLMOutput(CausalLMOutputWithPast):
     head_losses: torch.FloatTensor | None = None
 
 
+def head_cross_entropy(logits, labels, shift):
+    """Mean cross-entropy of `logits` [B, T, V] at position t against `labels[t + shift]` (-100 ignored).
+    A head with no scored token gives 0 rather than NaN."""
+    pred, target = logits[:, :-shift].float(), labels[:, shift:]
+    total = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
+    return total / (target != -100).sum().clamp(min=1)
+
+
+def aggregate_head_losses(per_head, weights=None):
+    """Mean of the per-head losses, or their `weights`-weighted mean."""
+    if weights is None:
+        return per_head.mean()
+    weights = torch.tensor(weights, dtype=per_head.dtype, device=per_head.device)
+    return (weights * per_head).sum() / weights.sum()
+
+
 def multi_token_loss(logits, head_logits, labels, weights=None):
     """
     Each head's cross-entropy computed separately, then aggregated (seed 004: a joint loss over the block diverged).
 
     logits: [B, T, V] (head 0), head_logits: [B, T, K-1, V], labels: [B, T] with -100 ignored, the usual causal-LM
     labels (the shift happens here: head i at position t is scored against labels[t + 1 + i]).
-    Returns (loss, per_head [K]). A head with no scored token contributes 0 rather than NaN.
+    Returns (loss, per_head [K]).
     """
-    num_heads = head_logits.shape[2] + 1
-    per_head = []
-    for i in range(num_heads):
-        head = logits if i == 0 else head_logits[:, :, i - 1]
-        shift = 1 + i
-        pred, target = head[:, :-shift].float(), labels[:, shift:]
-        total = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
-        per_head.append(total / (target != -100).sum().clamp(min=1))
-    per_head = torch.stack(per_head)
-    if weights is None:
-        return per_head.mean(), per_head
-    weights = torch.tensor(weights, dtype=per_head.dtype, device=per_head.device)
-    return (weights * per_head).sum() / weights.sum(), per_head
+    heads = [logits] + [head_logits[:, :, i] for i in range(head_logits.shape[2])]
+    per_head = torch.stack([head_cross_entropy(head, labels, 1 + i) for i, head in enumerate(heads)])
+    return aggregate_head_losses(per_head, weights), per_head
 
 
 def head_attention_mask(query_len, key_len, key_padding_mask=None, device=None):
@@ -102,11 +108,30 @@ class MultiTokenPredictionMixin:
             make = partial(self.query_extension_head_class, config)
         # One module per head, built in a loop: never `[Head()] * n`, which would share one module n times.
         self.mtp_heads = nn.ModuleList([make() for _ in range(config.num_heads - 1)])
+        if config.draft_vocab_size is not None:
+            # saved with the heads (key mtp_heads.draft_token_ids); set from the base model's outputs at training
+            self.mtp_heads.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
+
+    def set_draft_vocabulary(self, token_ids):
+        """Draft over these token ids only (`config.draft_vocab_size` of them)."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.lm_head.weight.device)
+        if token_ids.shape != (self.config.draft_vocab_size,):
+            raise ValueError(f"Expected {self.config.draft_vocab_size} draft token ids, got shape {tuple(token_ids.shape)}.")
+        self.mtp_heads.draft_token_ids.copy_(token_ids)
+
+    def draft_unembedding(self):
+        """(weight [N, H], token ids [N]) of the drafting vocabulary; (lm_head weight, None) for the full one."""
+        if self.config.draft_vocab_size is None:
+            return self.lm_head.weight, None
+        ids = self.mtp_heads.draft_token_ids
+        return self.lm_head.weight.index_select(0, ids), ids
 
     @torch.no_grad()
     def reset_heads(self):
         """Re-initialise heads 1..num_heads-1: identity maps, or copies of the base model's last decoder layer."""
         last_layer = self._parts()[1]
+        if self.config.draft_vocab_size is not None:
+            self.mtp_heads.draft_token_ids.copy_(torch.arange(self.config.draft_vocab_size))
         for head in self.mtp_heads:
             if isinstance(head, (LinearHead, ResBlockHead)):
                 head.reset_parameters()

@@ -6,7 +6,12 @@ from pathlib import Path
 import yaml
 
 PRESET_KEYS = ("base", "num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
-               "num_predict_heads")
+               "num_predict_heads", "train")
+# keys of a preset's `train:` section: where the data comes from, then HeadTrainingConfig's fields
+TRAIN_DATA_KEYS = ("data", "num_prompts", "max_new_tokens", "distill_batch_size", "data_cache")
+TRAIN_KEYS = TRAIN_DATA_KEYS + ("lora_rank", "learning_rate", "num_train_epochs", "max_steps",
+                                "per_device_train_batch_size", "gradient_accumulation_steps", "warmup_ratio",
+                                "eval_fraction", "eval_steps", "save_steps", "logging_steps", "seed", "bf16")
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configuration"  # the repository's configuration/ folder
 
 
@@ -24,4 +29,8 @@ def load_preset(name_or_path) -> dict:
     unknown = sorted(set(preset) - set(PRESET_KEYS))
     if unknown:
         raise ValueError(f"Preset {path} has unknown keys {unknown}; allowed keys are {list(PRESET_KEYS)}.")
+    train = preset.get("train") or {}
+    unknown = sorted(set(train) - set(TRAIN_KEYS))
+    if unknown:
+        raise ValueError(f"Preset {path} has unknown train keys {unknown}; allowed keys are {list(TRAIN_KEYS)}.")
     return preset

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 
-def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, overwrite=False):
+def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, write_extra=None, overwrite=False):
     """
     `save_pretrained` into a temporary sibling folder, then move it into place in one rename, so an interrupted
     save leaves either the old folder or the complete new one. An existing non-empty `output_dir` is an error
@@ -26,6 +26,8 @@ def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, overw
             tokenizer.save_pretrained(staging)
         if model_card is not None:
             model_card.save(staging / "README.md")
+        if write_extra is not None:
+            write_extra(staging)
         if output_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old-", dir=output_dir.parent))
             output_dir.rename(old / output_dir.name)

@@ -1,0 +1,151 @@
+"""Head training with PEFT LoRA and the transformers Trainer, on tiny random models (CPU)."""
+
+import pytest
+import torch
+from conftest import VOCAB, tiny_base
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+import transformers_mtp
+from transformers_mtp.training import (
+    HeadsTrainer,
+    HeadTrainingConfig,
+    features_loss,
+    load_trained_heads,
+    lora_config_for,
+    train_heads,
+)
+from transformers_mtp.training_data import cache_trunk_features, collate_features
+
+
+def greedy_sequences(model, count=24, prompt_length=4, new_tokens=24, seed=0):
+    """Self-distilled data for a tiny model: its own greedy continuations of random prompts."""
+    generator = torch.Generator().manual_seed(seed)
+    sequences = []
+    for _ in range(count):
+        prompt = torch.randint(3, VOCAB, (1, prompt_length), generator=generator)
+        out = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+        sequences.append({"input_ids": out[0].tolist(), "prompt_length": prompt_length})
+    return sequences
+
+
+def base_state(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("mtp_heads.")}
+
+
+SETUPS = [("llama", "resblock", {}), ("gpt2", "linear", {}), ("llama", "resblock", {"draft_vocab_size": 40}),
+          ("llama", "query_extension", {"head_input": "feature_and_token", "head_rank": 8}),
+          ("gpt2", "query_extension", {"head_share_kv": False, "head_rank": 8})]
+
+
+@pytest.mark.parametrize("arch,head_type,extra", SETUPS, ids=[f"{a}-{h}-{len(e)}" for a, h, e in SETUPS])
+def test_training_improves_heads_and_keeps_base_bit_identical(arch, head_type, extra, tmp_path):
+    model = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type=head_type, **extra)
+    sequences = greedy_sequences(model)
+    before = base_state(model)
+    config = HeadTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=40, per_device_train_batch_size=4,
+                                learning_rate=3e-3, eval_steps=40, save_steps=40, logging_steps=10, eval_fraction=0.2)
+    merged, metrics = train_heads(model, sequences, config, progress=False)
+    probe = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type=head_type, **extra)  # untrained heads
+    if "draft_vocab_size" in extra:  # compare losses over the draft vocabulary that training chose
+        probe.set_draft_vocabulary(merged.draft_unembedding()[1])
+    eval_batch = collate_features(cache_trunk_features(probe, sequences[:6], progress=False))
+    loss_before = features_loss(probe, eval_batch)[0].item()
+    after = base_state(merged)
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # every base tensor bit-identical
+    assert features_loss(merged, eval_batch)[0].item() < loss_before
+    assert {"eval_loss", "eval_agree_head1", "eval_agree_head2"} <= set(metrics)
+    # outputs: a PEFT adapter and a merged checkpoint
+    adapter_dir, merged_dir = tmp_path / "run" / "adapter", tmp_path / "run" / "merged"
+    assert (adapter_dir / "adapter_config.json").exists() and (adapter_dir / "adapter_model.safetensors").exists()
+    adapter_keys = load_file(adapter_dir / "adapter_model.safetensors").keys()
+    assert adapter_keys and all("mtp_heads" in k for k in adapter_keys)
+    fresh = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type=head_type, **extra)
+    with_adapter = load_trained_heads(fresh, adapter_dir)
+    ids = torch.randint(3, VOCAB, (1, 9))
+    expected = merged(ids, output_head_logits=True)
+    got = with_adapter(input_ids=ids, output_head_logits=True)
+    if "draft_vocab_size" in extra:
+        assert torch.equal(with_adapter.draft_unembedding()[1], merged.draft_unembedding()[1])
+        assert not torch.equal(merged.draft_unembedding()[1], torch.arange(40))  # chosen from the data
+    assert torch.equal(got.logits, expected.logits)
+    assert torch.allclose(got.head_logits, expected.head_logits, atol=1e-4)
+    loaded = AutoModelForCausalLM.from_pretrained(merged_dir)
+    assert torch.allclose(loaded(ids, output_head_logits=True).head_logits, expected.head_logits, atol=1e-5)
+    prompt = torch.randint(3, VOCAB, (1, 4))
+    assert torch.equal(loaded.generate(prompt, max_new_tokens=20, do_sample=False, multi_token_mode=True),
+                       loaded.generate(prompt, max_new_tokens=20, do_sample=False))
+
+
+class StopAtStep(TrainerCallback):
+    """Simulates an interruption: raises once `step` optimizer steps are done (after that step's checkpoint)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_resumed_training_reaches_the_same_result(arch, tmp_path, monkeypatch):
+    def run(folder, *, resume=False, stop_at=None):
+        model = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type="resblock")
+        sequences = greedy_sequences(model, count=20)
+        config = HeadTrainingConfig(output_dir=str(folder), max_steps=8, save_steps=4, eval_steps=100,
+                                    per_device_train_batch_size=4, resume=resume)
+        if stop_at is not None:
+            original_init = HeadsTrainer.__init__
+
+            def init_with_stop(self, *args, **kwargs):
+                original_init(self, *args, **kwargs)
+                self.add_callback(StopAtStep(stop_at))
+
+            monkeypatch.setattr(HeadsTrainer, "__init__", init_with_stop)
+            with pytest.raises(KeyboardInterrupt):
+                train_heads(model, sequences, config, progress=False)
+            monkeypatch.undo()
+            return None
+        merged, _ = train_heads(model, sequences, config, progress=False)
+        return {k: v for k, v in merged.state_dict().items() if k.startswith("mtp_heads.")}
+
+    uninterrupted = run(tmp_path / "a")
+    run(tmp_path / "b", stop_at=5)
+    assert (tmp_path / "b" / "checkpoint-4").is_dir() and not (tmp_path / "b" / "checkpoint-8").exists()
+    assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".staging-")]
+    resumed = run(tmp_path / "b", resume=True)
+    assert uninterrupted.keys() == resumed.keys()
+    for name in uninterrupted:
+        assert torch.allclose(uninterrupted[name], resumed[name], atol=1e-6), name
+
+
+def test_bad_training_input_raises_clearly(tmp_path):
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=4)
+    config = HeadTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=2)
+    with pytest.raises(ValueError, match="training data is empty"):
+        train_heads(model, [], config, progress=False)
+    with pytest.raises(ValueError, match="Every sequence is too short.*num_heads=4"):
+        train_heads(model, [{"input_ids": [5, 6, 7, 8], "prompt_length": 1}], config, progress=False)
+    with pytest.raises(ValueError, match="Token id 500 is outside the model's vocabulary of 99"):
+        train_heads(model, [{"input_ids": list(range(3, 20)) + [500], "prompt_length": 1}], config, progress=False)
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="already exists and is not empty; pass resume=True"):
+        train_heads(model, greedy_sequences(model, count=4), HeadTrainingConfig(output_dir=str(tmp_path / "used")),
+                    progress=False)
+    assert (tmp_path / "used" / "notes.txt").read_text() == "keep"
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
+        train_heads(model, greedy_sequences(model, count=4),
+                    HeadTrainingConfig(output_dir=str(tmp_path / "none"), resume=True), progress=False)
+
+
+def test_lora_targets_only_the_heads():
+    for head_type, extra in [("resblock", {}), ("linear", {}), ("query_extension", {"head_input": "feature_and_token"})]:
+        model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type=head_type, **extra)
+        from peft import get_peft_model
+
+        peft_model = get_peft_model(model, lora_config_for(model, 4))
+        trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+        assert trainable and all(".mtp_heads." in n for n in trainable), head_type

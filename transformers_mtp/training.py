@@ -1,0 +1,340 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""Train the heads with PEFT LoRA by self-distillation, with the transformers `Trainer`.
+
+- Every base parameter stays frozen (PEFT freezes them; only LoRA weights of the heads and the heads' own small
+  modules train), so the base model's outputs are bit-identical after training.
+- The frozen trunk runs once per sequence (`cache_trunk_features`); each step then runs only the heads and the
+  shared lm_head, several times cheaper than a full forward on CPU.
+- `Trainer` brings gradient accumulation, warmup, bf16, multi-GPU through the standard launchers, checkpoints of the
+  adapter only, and exact resumption (optimizer, scheduler, RNG and data order are restored).
+"""
+
+import math
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
+
+from .modeling_multi_token import aggregate_head_losses, head_cross_entropy
+from .saving import save_atomically
+from .training_data import cache_trunk_features, check_sequences, collate_features
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class HeadTrainingConfig:
+    r"""
+    Args:
+        output_dir (`str`): where checkpoints, `adapter/` (PEFT adapter) and `merged/` (full checkpoint) go.
+        lora_rank (`int`, *optional*): LoRA rank on the heads; defaults to the model's `head_rank`.
+        learning_rate (`float`, defaults to 1e-3): the heads are new and small; Medusa trains its heads at 1e-3.
+        num_train_epochs (`float`, defaults to 2.0), max_steps (`int`, defaults to -1: use epochs).
+        per_device_train_batch_size (`int`, defaults to 8), gradient_accumulation_steps (`int`, defaults to 1).
+        warmup_ratio (`float`, defaults to 0.03): seed 004's recipe.
+        eval_fraction (`float`, defaults to 0.05): share of sequences held out for evaluation.
+        eval_steps / save_steps / logging_steps (`int`): evaluation, checkpoint and log intervals in steps.
+        seed (`int`, defaults to 0). bf16 (`bool`, *optional*): defaults to True on CUDA, False on CPU.
+        overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
+        resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
+    """
+
+    output_dir: str
+    lora_rank: int | None = None
+    learning_rate: float = 1e-3
+    num_train_epochs: float = 2.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    warmup_ratio: float = 0.03
+    eval_fraction: float = 0.05
+    eval_steps: int = 100
+    save_steps: int = 100
+    logging_steps: int = 10
+    seed: int = 0
+    bf16: bool | None = None
+    overwrite: bool = False
+    resume: bool = False
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # PEFT adapters hold parameters only; the draft vocabulary rides beside
+
+
+def _save_draft_vocabulary(token_ids, folder):
+    save_file({"draft_token_ids": token_ids.contiguous().cpu()}, str(Path(folder) / DRAFT_VOCAB_FILE))
+
+
+def load_trained_heads(model, adapter_dir):
+    """Apply a head adapter written by `train_heads` to a converted model (made with the same head settings) and
+    merge it: returns the model with trained heads, base weights untouched."""
+    adapter_dir = Path(adapter_dir)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    if merged.config.draft_vocab_size is not None:
+        vocab_file = adapter_dir / DRAFT_VOCAB_FILE
+        if not vocab_file.is_file():
+            raise FileNotFoundError(f"{vocab_file} is missing: this adapter was trained with a draft vocabulary.")
+        merged.set_draft_vocabulary(load_file(str(vocab_file))["draft_token_ids"])
+    return merged
+
+
+def lora_config_for(model, rank=None) -> LoraConfig:
+    """LoRA on the heads only. The regexes are full matches, so no base layer is touched (a plain ["q_proj"] would
+    adapt every base attention layer too)."""
+    config = model.config
+    rank = rank or config.head_rank
+    if config.head_type == "query_extension":
+        # the per-head query extension ΔW_q^(i) of seed 000; the token fusion layer is small and trains in full
+        modules_to_save = ["token_fc"] if config.head_input == "feature_and_token" else None
+        return LoraConfig(r=rank, lora_alpha=rank, target_modules=r".*mtp_heads\.\d+\.q_proj",
+                          modules_to_save=modules_to_save)
+    layer = "linear" if config.head_type == "resblock" else "proj"
+    # resblock: W = B A of rank r (W starts at zero as in Medusa) and its bias; linear: P_i = I + B A
+    return LoraConfig(r=rank, lora_alpha=rank, target_modules=rf".*mtp_heads\.\d+\.{layer}", bias="lora_only")
+
+
+def most_emitted_tokens(features, count):
+    """The `count` token ids the base model predicts most often on the training features (sorted by id)."""
+    teacher = torch.cat([f["teacher"] for f in features])
+    frequency = torch.bincount(teacher[teacher >= 0], minlength=count)
+    return torch.topk(frequency, count).indices.sort().values
+
+
+def features_loss(model, batch):
+    """
+    Loss of heads 1..K-1 from cached trunk features (head 0 is the frozen base: its loss is a constant and left out).
+    Returns (loss, per-head losses [K-1], per-head top-1 agreement counts [K-1, 2] as (agreed, scored)).
+    """
+    teacher, mask = batch["teacher"], batch["attention_mask"]
+    batch_size, length = teacher.shape
+    positions = torch.arange(length, device=teacher.device)[None].expand(batch_size, length)
+    share_kv = model.uses_layer_input and model.config.head_share_kv
+    states, _ = model._head_states(
+        normed=batch["normed"], layer_input=batch.get("layer_input"), next_token_ids=batch.get("next_ids"),
+        position_ids=positions, key_padding_mask=mask if bool((mask == 0).any()) else None,
+        base_kv=(batch["keys"], batch["values"]) if share_kv else None,
+    )
+    weight, draft_ids = model.draft_unembedding()
+    head_logits = states @ weight.T  # [B, T, K-1, V or draft vocabulary]
+    # teacher[t] is the base model's argmax at t, i.e. its token t + 1: as causal-LM labels, shifted right by one
+    labels = F.pad(teacher, (1, 0), value=-100)[:, :length]
+    draft_labels = labels
+    if draft_ids is not None:  # targets as draft-vocabulary indices; a token outside it cannot be learned (-100)
+        lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=labels.device)
+        lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=labels.device)
+        draft_labels = torch.where(labels == -100, labels, lookup[labels.clamp(min=0)])
+    per_head, agreement = [], []
+    for i in range(1, head_logits.shape[2] + 1):
+        logits = head_logits[:, :, i - 1]
+        per_head.append(head_cross_entropy(logits, draft_labels, 1 + i))
+        target = labels[:, 1 + i :]
+        scored = target != -100  # agreement counts every target, in the draft vocabulary or not
+        choice = logits[:, : length - 1 - i].argmax(-1)
+        agreed = ((choice if draft_ids is None else draft_ids[choice]) == target) & scored
+        agreement.append(torch.stack([agreed.sum(), scored.sum()]))
+    per_head = torch.stack(per_head)
+    weights = model.config.head_loss_weights
+    return aggregate_head_losses(per_head, weights[1:] if weights else None), per_head, torch.stack(agreement)
+
+
+class HeadsTrainer(Trainer):
+    """`Trainer` whose loss comes from cached trunk features, with per-head top-1 agreement in the logs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._agreement = None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, _, agreement = features_loss(model.get_base_model(), inputs)
+        self._agreement = agreement.detach() + (self._agreement if self._agreement is not None else 0)
+        return (loss, None) if return_outputs else loss
+
+    def log(self, logs, *args, **kwargs):
+        if self._agreement is not None and "loss" in logs:
+            for i, (agreed, scored) in enumerate(self._agreement.tolist(), start=1):
+                logs[f"agree_head{i}"] = round(agreed / max(scored, 1), 4)
+            self._agreement = None
+        super().log(logs, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        # Trainer writes checkpoint-N in place; an interruption mid-write would leave a checkpoint that resume
+        # trusts. Write it in a staging folder and move it into place with one rename instead.
+        real_dir = self.args.output_dir
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=real_dir)
+        self.args.output_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir = real_dir
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        target = os.path.join(real_dir, name)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.rename(os.path.join(staging, name), target)
+        shutil.rmtree(staging)
+        checkpoints = sorted((p for p in Path(real_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir()),
+                             key=lambda p: int(p.name.rsplit("-", 1)[1]))
+        for old in checkpoints[: -self.args.save_total_limit] if self.args.save_total_limit else []:
+            shutil.rmtree(old)
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        model = self.model.get_base_model()
+        was_training = model.training
+        model.eval()
+        losses, agreement = [], None
+        for batch in self.get_eval_dataloader(eval_dataset):
+            batch = self._prepare_inputs(batch)
+            loss, _, counts = features_loss(model, batch)
+            losses.append(loss.item())
+            agreement = counts if agreement is None else agreement + counts
+        model.train(was_training)
+        metrics = {f"{metric_key_prefix}_loss": sum(losses) / max(len(losses), 1)}
+        for i, (agreed, scored) in enumerate(agreement.tolist() if agreement is not None else [], start=1):
+            metrics[f"{metric_key_prefix}_agree_head{i}"] = round(agreed / max(scored, 1), 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+class AgreementInProgressBar(TrainerCallback):
+    """Shows the loss and each head's top-1 agreement with the base model on the training progress bar."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        bar = next((cb.training_bar for cb in self.trainer.callback_handler.callbacks
+                    if isinstance(cb, ProgressCallback) and cb.training_bar is not None), None)
+        if bar is not None and logs and "loss" in logs:
+            agree = "/".join(f"{logs[k]:.2f}" for k in sorted(logs) if k.startswith("agree_head"))
+            bar.set_postfix(loss=f"{logs['loss']:.3f}", agree=agree)
+
+
+class _ListDataset(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+def _has_checkpoint(folder):
+    return folder.is_dir() and any(p.name.startswith("checkpoint-") for p in folder.iterdir())
+
+
+def _prepare_output_dir(config):
+    output_dir = Path(config.output_dir)
+    if config.resume:
+        if not _has_checkpoint(output_dir):
+            raise FileNotFoundError(f"resume=True, but {str(output_dir)!r} holds no checkpoint-* folder to resume from.")
+        return output_dir
+    if output_dir.exists() and any(output_dir.iterdir()):
+        if not config.overwrite:
+            raise FileExistsError(
+                f"{str(output_dir)!r} already exists and is not empty; pass resume=True (--resume) to continue its "
+                "training, overwrite=True (--overwrite) to start over, or choose another folder."
+            )
+        shutil.rmtree(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return output_dir
+
+
+def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None, progress=True):
+    """
+    Train heads 1..num_heads-1 of a converted multi-token `model` on token `sequences` (dicts with `input_ids` and
+    `prompt_length`, e.g. from `self_distill`). Writes `output_dir/adapter` (PEFT adapter) and `output_dir/merged`
+    (a full checkpoint that loads with `trust_remote_code=True`). Returns (peft_model, final eval metrics).
+    """
+    output_dir = _prepare_output_dir(config)
+    usable = check_sequences(sequences, num_heads=model.config.num_heads, vocab_size=model.config.vocab_size)
+    order = list(range(len(usable)))
+    random.Random(config.seed).shuffle(order)
+    n_eval = max(1, math.ceil(len(usable) * config.eval_fraction)) if len(usable) > 1 else 0
+    eval_items = [usable[i] for i in order[:n_eval]]
+    train_items = [usable[i] for i in order[n_eval:]] or eval_items
+    features = cache_trunk_features(model, train_items + eval_items, progress=progress)
+    train_features, eval_features = features[: len(train_items)], features[len(train_items) :]
+    if model.config.draft_vocab_size is not None:  # deterministic for the data and seed, so a resume recomputes it
+        model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))
+
+    peft_model = get_peft_model(model, lora_config_for(model, config.lora_rank))
+    on_cuda = torch.cuda.is_available()
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        learning_rate=config.learning_rate,
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        per_device_eval_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        warmup_steps=config.warmup_ratio,  # a float below 1 is a ratio of the total steps
+        lr_scheduler_type="cosine",
+        eval_strategy="steps" if eval_features else "no",
+        eval_steps=config.eval_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=2,
+        logging_steps=config.logging_steps,
+        seed=config.seed,
+        data_seed=config.seed,
+        bf16=on_cuda if config.bf16 is None else config.bf16,
+        use_cpu=not on_cuda,
+        remove_unused_columns=False,
+        report_to=[],
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
+    )
+    trainer = HeadsTrainer(model=peft_model, args=args, train_dataset=_ListDataset(train_features),
+                           eval_dataset=_ListDataset(eval_features) if eval_features else None,
+                           data_collator=collate_features)
+    trainer.add_callback(AgreementInProgressBar(trainer))
+    trainer.train(resume_from_checkpoint=True if config.resume else None)
+    metrics = trainer.evaluate() if eval_features else {}
+
+    draft_ids = model.draft_unembedding()[1]
+    save_atomically(peft_model, output_dir / "adapter", overwrite=True,
+                    write_extra=None if draft_ids is None else partial(_save_draft_vocabulary, draft_ids))
+    merged = peft_model.merge_and_unload().eval()  # Trainer left it in training mode (dropout on, for GPT-2)
+    save_atomically(merged, output_dir / "merged", tokenizer=tokenizer, overwrite=True)
+    return merged, metrics
+
+
+def training_sequences(model, tokenizer, settings, *, progress=True):
+    """The sequences a preset's `train:` section asks for: self-distillation on the built-in prompt set (cached in
+    `data_cache` when given), or a plain text / JSONL file."""
+    import json
+
+    from .training_data import load_text_sequences, self_distill
+    from .training_prompts import training_prompts
+
+    data = settings.get("data", "builtin")
+    if data != "builtin":
+        return load_text_sequences(data, tokenizer)
+    cache = Path(settings["data_cache"]) if settings.get("data_cache") else None
+    if cache is not None and cache.is_file():
+        logger.info(f"Reusing self-distilled sequences from {cache}")
+        return [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
+    prompts = [p["prompt"] for p in training_prompts(limit=settings.get("num_prompts", 640))]
+    sequences = self_distill(model, tokenizer, prompts, max_new_tokens=settings.get("max_new_tokens", 160),
+                             batch_size=settings.get("distill_batch_size", 16), progress=progress)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        staging = cache.with_suffix(".tmp")
+        staging.write_text("".join(json.dumps(s) + "\n" for s in sequences))
+        os.replace(staging, cache)  # atomic: a later run never reads half a file
+    return sequences

@@ -1,0 +1,147 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""Training data for the heads: token sequences, and the frozen trunk's features with the base model's own targets.
+
+Targets are the base model's **argmax** at every position, not the text's next tokens and not its distribution:
+verification accepts a draft exactly when it equals the base model's argmax, so the argmax is what a head must
+predict. On self-distilled (greedy) responses the two coincide; on other text the argmax is still the right target.
+A KL loss on the full distribution would spend capacity on probability mass that verification never rewards.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+
+def _chat_ids(tokenizer, text):
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+@torch.inference_mode()
+def self_distill(model, tokenizer, prompts, *, max_new_tokens=128, batch_size=16, progress=True):
+    """
+    The base model's own greedy responses to `prompts` (strings, formatted with the chat template), generated in
+    left-padded batches. Returns sequences: dicts with `input_ids` (prompt + response) and `prompt_length`.
+    """
+    if not prompts:
+        raise ValueError("self_distill() got no prompts; pass at least one prompt string.")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sequences = []
+    for start in tqdm(range(0, len(prompts), batch_size), desc="self-distilling", disable=not progress):
+        encoded = [_chat_ids(tokenizer, text) for text in prompts[start : start + batch_size]]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded])
+        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
+        out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad_id)
+        for row, ids in enumerate(encoded):
+            response = out[row, width:].tolist()
+            if tokenizer.eos_token_id in response:  # keep the EOS, drop the padding after it
+                response = response[: response.index(tokenizer.eos_token_id) + 1]
+            sequences.append({"input_ids": ids + response, "prompt_length": len(ids)})
+    return sequences
+
+
+def load_text_sequences(path, tokenizer, *, max_length=512):
+    """
+    Plain text (documents separated by blank lines) or JSONL (`{"text": ...}` or `{"prompt": ..., "response": ...}`)
+    as training sequences. Prompts are formatted with the chat template; only the response is scored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No training file at {str(path)!r}.")
+    sequences = []
+    if path.suffix == ".jsonl":
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}).") from None
+            if "prompt" in item and "response" in item:
+                prompt = _chat_ids(tokenizer, item["prompt"])
+                response = tokenizer(item["response"], add_special_tokens=False)["input_ids"]
+                sequences.append({"input_ids": (prompt + response)[:max_length], "prompt_length": len(prompt)})
+            elif "text" in item:
+                sequences.append({"input_ids": tokenizer(item["text"])["input_ids"][:max_length], "prompt_length": 0})
+            else:
+                raise ValueError(f'{path}:{number} needs "text", or "prompt" and "response".')
+    else:
+        for document in path.read_text().split("\n\n"):
+            if document.strip():
+                sequences.append({"input_ids": tokenizer(document)["input_ids"][:max_length], "prompt_length": 0})
+    return sequences
+
+
+def check_sequences(sequences, *, num_heads, vocab_size):
+    """Clear errors for data that would train nothing or index out of the vocabulary."""
+    if not sequences:
+        raise ValueError("The training data is empty; pass at least one sequence (prompts, a text or JSONL file).")
+    usable = [s for s in sequences if len(s["input_ids"]) - max(s["prompt_length"] - 1, 0) > num_heads]
+    if not usable:
+        raise ValueError(
+            f"Every sequence is too short: a head needs more than num_heads={num_heads} scored tokens after the "
+            "prompt. Use longer responses (max_new_tokens) or texts."
+        )
+    top = max(max(s["input_ids"]) for s in usable)
+    if top >= vocab_size:
+        raise ValueError(
+            f"Token id {top} is outside the model's vocabulary of {vocab_size}: the tokenizer does not belong to this "
+            "model. Use the base model's own tokenizer."
+        )
+    return usable
+
+
+@torch.inference_mode()
+def cache_trunk_features(model, sequences, *, progress=True):
+    """
+    One teacher-forced trunk pass per sequence. The trunk is frozen, so its outputs are computed once instead of at
+    every epoch; training then runs only the heads and the shared lm_head.
+
+    Returns per sequence (T tokens): `normed` [T, H] (the input of lm_head), `layer_input` [T, H] and the base last
+    layer's `keys` / `values` [kvH, T, D] for `query_extension` heads, `next_ids` [T] (the token after each position,
+    0 at the end) and `teacher` [T]: the base model's argmax at each position, -100 before the last prompt token.
+    """
+    model.eval()
+    share_kv = model.uses_layer_input and model.config.head_share_kv
+    features = []
+    for sequence in tqdm(sequences, desc="caching trunk features", disable=not progress):
+        ids = torch.tensor([sequence["input_ids"]])
+        normed, layer_input, cache = model._trunk_forward(ids, use_cache=share_kv)
+        teacher = model.lm_head(normed)[0].argmax(-1)
+        teacher[: max(sequence["prompt_length"] - 1, 0)] = -100
+        item = {"normed": normed[0].clone(), "teacher": teacher,
+                "next_ids": torch.cat([ids[0, 1:], ids.new_zeros(1)])}
+        if model.uses_layer_input:
+            item["layer_input"] = layer_input[0].clone()
+        if share_kv:
+            item["keys"], item["values"] = cache.layers[-1].keys[0].clone(), cache.layers[-1].values[0].clone()
+        features.append(item)
+    return features
+
+
+def collate_features(items):
+    """Right-pad a list of feature dicts into a batch; padded teacher positions are -100 and masked."""
+    length = max(item["teacher"].shape[0] for item in items)
+    batch = {}
+    for key in items[0]:
+        time_dim = 1 if key in ("keys", "values") else 0
+        pad_value = -100 if key == "teacher" else 0
+        padded = []
+        for item in items:
+            tensor = item[key]
+            missing = length - tensor.shape[time_dim]
+            if missing:
+                shape = list(tensor.shape)
+                shape[time_dim] = missing
+                tensor = torch.cat([tensor, tensor.new_full(shape, pad_value)], dim=time_dim)
+            padded.append(tensor)
+        batch[key] = torch.stack(padded)
+    batch["attention_mask"] = torch.stack([
+        torch.cat([torch.ones(i["teacher"].shape[0], dtype=torch.long),
+                   torch.zeros(length - i["teacher"].shape[0], dtype=torch.long)]) for i in items
+    ])
+    return batch
