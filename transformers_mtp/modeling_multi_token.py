@@ -144,10 +144,10 @@ class MultiTokenPredictionMixin:
 
     # --- forward ------------------------------------------------------------------------------------------------
     def _trunk_forward(self, input_ids=None, *, attention_mask=None, position_ids=None, cache=None, use_cache=None,
-                       inputs_embeds=None, **kwargs):
+                       inputs_embeds=None, need_layer_input=None, **kwargs):
         """Run the frozen trunk. Returns (normed final hidden [B,T,H], input of the last layer [B,T,H] or None, cache)."""
         trunk = self._parts()[0]
-        need_layer_input = self.uses_layer_input
+        need_layer_input = self.uses_layer_input if need_layer_input is None else need_layer_input
         out = trunk(
             input_ids=input_ids,
             attention_mask=attention_mask,

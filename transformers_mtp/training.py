@@ -254,20 +254,29 @@ def _prepare_output_dir(config):
     return output_dir
 
 
-def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None, progress=True):
+def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None, features=None, progress=True):
     """
     Train heads 1..num_heads-1 of a converted multi-token `model` on token `sequences` (dicts with `input_ids` and
     `prompt_length`, e.g. from `self_distill`). Writes `output_dir/adapter` (PEFT adapter) and `output_dir/merged`
-    (a full checkpoint that loads with `trust_remote_code=True`). Returns (peft_model, final eval metrics).
+    (a full checkpoint that loads with `trust_remote_code=True`). Returns (merged model, final eval metrics).
+    `features`: trunk features of `sequences` (same order) cached earlier with `cache_trunk_features(...,
+    all_features=True)`, to train several head types on one cache.
     """
     output_dir = _prepare_output_dir(config)
+    if features is not None:
+        if len(features) != len(sequences):
+            raise ValueError(f"Got {len(features)} cached features for {len(sequences)} sequences; cache them together.")
+        features_by_id = {id(s): f for s, f in zip(sequences, features)}
     usable = check_sequences(sequences, num_heads=model.config.num_heads, vocab_size=model.config.vocab_size)
     order = list(range(len(usable)))
     random.Random(config.seed).shuffle(order)
     n_eval = max(1, math.ceil(len(usable) * config.eval_fraction)) if len(usable) > 1 else 0
     eval_items = [usable[i] for i in order[:n_eval]]
     train_items = [usable[i] for i in order[n_eval:]] or eval_items
-    features = cache_trunk_features(model, train_items + eval_items, progress=progress)
+    if features is None:
+        features = cache_trunk_features(model, train_items + eval_items, progress=progress)
+    else:
+        features = [features_by_id[id(s)] for s in train_items + eval_items]
     train_features, eval_features = features[: len(train_items)], features[len(train_items) :]
     if model.config.draft_vocab_size is not None:  # deterministic for the data and seed, so a resume recomputes it
         model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))

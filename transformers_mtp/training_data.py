@@ -96,7 +96,7 @@ def check_sequences(sequences, *, num_heads, vocab_size):
 
 
 @torch.inference_mode()
-def cache_trunk_features(model, sequences, *, progress=True):
+def cache_trunk_features(model, sequences, *, all_features=False, progress=True):
     """
     One teacher-forced trunk pass per sequence. The trunk is frozen, so its outputs are computed once instead of at
     every epoch; training then runs only the heads and the shared lm_head.
@@ -104,18 +104,20 @@ def cache_trunk_features(model, sequences, *, progress=True):
     Returns per sequence (T tokens): `normed` [T, H] (the input of lm_head), `layer_input` [T, H] and the base last
     layer's `keys` / `values` [kvH, T, D] for `query_extension` heads, `next_ids` [T] (the token after each position,
     0 at the end) and `teacher` [T]: the base model's argmax at each position, -100 before the last prompt token.
+    `all_features=True` keeps everything any head type reads, so one cache serves a comparison of head types.
     """
     model.eval()
-    share_kv = model.uses_layer_input and model.config.head_share_kv
+    with_layer_input = model.uses_layer_input or all_features
+    share_kv = (model.uses_layer_input and model.config.head_share_kv) or all_features
     features = []
     for sequence in tqdm(sequences, desc="caching trunk features", disable=not progress):
         ids = torch.tensor([sequence["input_ids"]])
-        normed, layer_input, cache = model._trunk_forward(ids, use_cache=share_kv)
+        normed, layer_input, cache = model._trunk_forward(ids, use_cache=share_kv, need_layer_input=with_layer_input)
         teacher = model.lm_head(normed)[0].argmax(-1)
         teacher[: max(sequence["prompt_length"] - 1, 0)] = -100
         item = {"normed": normed[0].clone(), "teacher": teacher,
                 "next_ids": torch.cat([ids[0, 1:], ids.new_zeros(1)])}
-        if model.uses_layer_input:
+        if with_layer_input:
             item["layer_input"] = layer_input[0].clone()
         if share_kv:
             item["keys"], item["values"] = cache.layers[-1].keys[0].clone(), cache.layers[-1].values[0].clone()
