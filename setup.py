@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["transformers_mtp", "transformers_mtp.*"]),
-    package_data={"transformers_mtp": ["bench_prompts.jsonl"]},
+    package_data={"transformers_mtp": ["bench_prompts.jsonl", "default_heads/*"]},
     python_requires=">=3.10",
     # Ranges we test: torch 2.13, transformers 5.24, peft 0.21, huggingface_hub 2.4, safetensors 0.8 (CPU).
     install_requires=[

