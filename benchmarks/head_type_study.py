@@ -34,6 +34,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="smollm2-135m")
     parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--learning-rate", type=float, default=None, help="default: the preset's")
     parser.add_argument("--types", nargs="+", default=list(HEAD_TYPES), choices=list(HEAD_TYPES))
     parser.add_argument("--bench-prompts", type=int, default=8, help="benchmark prompts for the online measure")
     parser.add_argument("--k", type=int, default=3, help="tokens per step for the online measure")
@@ -42,6 +43,8 @@ def main():
 
     preset = load_preset(args.preset)
     settings = dict(preset["train"], num_train_epochs=args.epochs)
+    if args.learning_rate is not None:
+        settings["learning_rate"] = args.learning_rate
     head_settings = {k: v for k, v in preset.items() if k not in ("base", "train")}
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +64,7 @@ def main():
 
     results = {"cache_minutes": cache_minutes, "sequences": len(sequences),
                "response_tokens": sum(len(s["input_ids"]) - s["prompt_length"] for s in sequences),
-               "epochs": args.epochs, "k": args.k, "types": {}}
+               "epochs": args.epochs, "learning_rate": settings["learning_rate"], "k": args.k, "types": {}}
     for name in args.types:
         model = transformers_mtp.convert(base, **{**head_settings, **HEAD_TYPES[name]})
         config = HeadTrainingConfig(output_dir=str(output_dir / name), overwrite=True,
@@ -86,7 +89,7 @@ def main():
         print(json.dumps({name: results["types"][name]}, indent=2), flush=True)
 
     lines = [f"Same data ({results['sequences']} self-distilled sequences, {results['response_tokens']} response "
-             f"tokens), {args.epochs} epochs each; online: k={args.k}, {len(prompts)} benchmark prompts, 128 new "
+             f"tokens), {args.epochs} epochs at learning rate {settings['learning_rate']} each; online: k={args.k}, {len(prompts)} benchmark prompts, 128 new "
              "tokens, fp32 CPU.", "",
              "| head type | held-out top-1 agreement, heads 1/2/3 | tokens per forward (code / chat) | speed vs greedy "
              "(code / chat) | identical | train minutes |", "|---|---|---|---|---|---|"]

@@ -1,6 +1,7 @@
 # Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
 """Saving without losing anything: never overwrite a user's folder unless asked, and never leave half a checkpoint."""
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +21,9 @@ def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, write
         )
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the saved folder gets the usual permissions
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
