@@ -23,13 +23,16 @@ def chat_input_ids(tokenizer, text):
                                          return_dict=True)["input_ids"]
 
 
-def load_model_and_tokenizer(model_path, num_heads):
-    """A converted checkpoint folder, or (no path) the embedded default model converted on the fly."""
+def load_model_and_tokenizer(model_path, fresh_heads=None):
+    """A converted checkpoint folder; or (no path) the embedded default model with its shipped heads, or with
+    `fresh_heads` untrained heads when that is a number."""
     import transformers_mtp
 
-    if model_path is None:
+    if model_path is None and fresh_heads:
         base, tokenizer = transformers_mtp.load_default_base()
-        return transformers_mtp.convert(base, num_heads=num_heads).eval(), tokenizer
+        return transformers_mtp.convert(base, num_heads=fresh_heads).eval(), tokenizer
+    if model_path is None:
+        return transformers_mtp.load_default()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True).eval()
@@ -101,7 +104,7 @@ def cmd_generate(args):
 
     from transformers_mtp.comparison import compare_with_greedy
 
-    model, tokenizer = load_model_and_tokenizer(args.model, args.num_heads)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads)
     ids = chat_input_ids(tokenizer, args.prompt) if not args.raw else tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     if not args.compare:
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -186,7 +189,7 @@ def cmd_bench(args):
     if args.dtype == "bfloat16" and device.type != "cuda":
         raise ValueError("--dtype bfloat16 is for GPUs; on CPU use --dtype float32.")
     torch.manual_seed(0)
-    model, tokenizer = load_model_and_tokenizer(args.model, args.num_heads)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads)
     model = model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
     prompts = load_prompts(args.prompts)[: args.limit]
     for prompt in prompts:
@@ -198,7 +201,8 @@ def cmd_bench(args):
     result = run_benchmark(model, prompts, modes=args.modes, ks=ks, max_new_tokens=args.max_new_tokens)
     environment = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
-                   "model": args.model or "embedded SmolLM2-135M-Instruct, freshly converted",
+                   "model": args.model or ("embedded SmolLM2-135M-Instruct, "
+                                           + (f"{args.fresh_heads} fresh heads" if args.fresh_heads else "shipped heads")),
                    "num_heads": num_heads, "head_type": model.config.head_type}
     write_report(result, args.output_dir, environment=environment)
     print(markdown_table(result["summary"]))
@@ -248,8 +252,8 @@ def build_parser():
     generate = sub.add_parser("generate", help="stream a multi-token generation, optionally compared with greedy",
                               epilog='example: transformers-mtp generate "Write a haiku about CPUs." --compare')
     generate.add_argument("prompt")
-    generate.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, converted)")
-    generate.add_argument("--num-heads", type=int, default=4, help="heads when converting the default model")
+    generate.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, shipped heads)")
+    generate.add_argument("--fresh-heads", type=int, default=None, help="use N untrained heads on the default model")
     generate.add_argument("--num-predict-heads", type=int, default=None)
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
@@ -260,8 +264,8 @@ def build_parser():
                            epilog="examples:\n  transformers-mtp bench --model smollm2-mtp --output-dir bench-out\n"
                                   "  transformers-mtp bench --prompts my_prompts.jsonl --k-sweep --limit 4",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, converted)")
-    bench.add_argument("--num-heads", type=int, default=4, help="heads when converting the default model")
+    bench.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, shipped heads)")
+    bench.add_argument("--fresh-heads", type=int, default=None, help="use N untrained heads on the default model")
     bench.add_argument("--prompts", help='JSONL file, one {"prompt": ..., "kind": "code"|"chat", "id": ...} per line')
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     bench.add_argument("--raw", action="store_true", help="use prompts as they are, without the chat template")
