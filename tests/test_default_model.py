@@ -6,6 +6,7 @@ from test_generation import OracleDrafts, use_drafts
 from transformers import TextStreamer
 
 import transformers_mtp
+from transformers_mtp.cli import chat_input_ids as chat_ids
 
 pytestmark = pytest.mark.real_model
 
@@ -14,12 +15,6 @@ CHATS = [
     "Explain in three sentences why the sky is blue.",
     "Give me a short packing list for a weekend hiking trip.",
 ]
-
-
-def chat_ids(tokenizer, text):
-    messages = [{"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                         return_dict=True)["input_ids"]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +93,7 @@ def test_text_and_jsonl_training_files(default_base, tmp_path):
     jsonl.write_text('{"prompt": "Say hi.", "response": "Hi there! How can I help you today?"}\n'
                      '{"text": "A plain document."}\n')
     pair, plain = load_text_sequences(jsonl, tokenizer)
-    assert pair["prompt_length"] == len(chat_ids(tokenizer, "Say hi.")[0]) < len(pair["input_ids"])
+    assert pair["prompt_length"] == chat_ids(tokenizer, "Say hi.").shape[1] < len(pair["input_ids"])
     assert plain["prompt_length"] == 0
     assert len(check_sequences([pair], num_heads=4, vocab_size=tokenizer.vocab_size + 100)) == 1
     jsonl.write_text('{"question": "no usable key"}\n')

@@ -18,9 +18,12 @@ DEMO_PROMPTS = [
 
 
 def chat_input_ids(tokenizer, text):
-    messages = [{"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                         return_dict=True)["input_ids"]
+    """[1, T] ids of `text` as a chat-template user turn."""
+    import torch
+
+    from transformers_mtp.training_data import chat_ids
+
+    return torch.tensor([chat_ids(tokenizer, text)])
 
 
 def load_model_and_tokenizer(model_path, fresh_heads=None):
@@ -155,18 +158,13 @@ def cmd_demo(args):
 
 def load_prompts(path=None):
     """The shipped prompt set (code and chat, tagged by kind), or a JSONL file of {"prompt", "kind", "id"}."""
-    import json
     from pathlib import Path
+
+    from transformers_mtp.training_data import read_jsonl
 
     path = Path(path) if path else Path(__file__).with_name("bench_prompts.jsonl")
     prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line.") from None
+    for number, item in read_jsonl(path):
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise ValueError(f'{path}:{number} needs a "prompt" string, e.g. {{"prompt": "...", "kind": "code"}}.')
         prompts.append({"id": str(item.get("id", f"prompt-{number}")), "kind": item.get("kind", "chat"),

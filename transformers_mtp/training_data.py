@@ -14,9 +14,22 @@ import torch
 from tqdm.auto import tqdm
 
 
-def _chat_ids(tokenizer, text):
+def chat_ids(tokenizer, text):
+    """Token ids of `text` as a user turn in the tokenizer's chat template, ready for the assistant's answer."""
     messages = [{"role": "user", "content": text}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+def read_jsonl(path):
+    """(line number, object) for each non-empty line of a JSONL file; a bad line is an error naming it."""
+    path = Path(path)
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line.") from None
 
 
 @torch.inference_mode()
@@ -30,7 +43,7 @@ def self_distill(model, tokenizer, prompts, *, max_new_tokens=128, batch_size=16
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sequences = []
     for start in tqdm(range(0, len(prompts), batch_size), desc="self-distilling", disable=not progress):
-        encoded = [_chat_ids(tokenizer, text) for text in prompts[start : start + batch_size]]
+        encoded = [chat_ids(tokenizer, text) for text in prompts[start : start + batch_size]]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded])
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
@@ -54,15 +67,9 @@ def load_text_sequences(path, tokenizer, *, max_length=512):
         raise FileNotFoundError(f"No training file at {str(path)!r}.")
     sequences = []
     if path.suffix == ".jsonl":
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}).") from None
+        for number, item in read_jsonl(path):
             if "prompt" in item and "response" in item:
-                prompt = _chat_ids(tokenizer, item["prompt"])
+                prompt = chat_ids(tokenizer, item["prompt"])
                 response = tokenizer(item["response"], add_special_tokens=False)["input_ids"]
                 sequences.append({"input_ids": (prompt + response)[:max_length], "prompt_length": len(prompt)})
             elif "text" in item:
