@@ -1,12 +1,20 @@
 """Tiny random Llama / GPT-2 models (hidden 32, 2 layers, vocab 99) and the embedded default model."""
 
-import importlib.util
+import os
 
-import pytest
-import torch
+# MKL picks its thread count per call under load by default, which changes the summation order of a GEMM from one
+# call to the next (logits of the 30-layer default model then differ by ~1e-3 between two identical passes). Bit-
+# identity tests need a fixed partitioning; set before torch loads MKL.
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+os.environ.setdefault("OMP_DYNAMIC", "FALSE")
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-import transformers_mtp
+import transformers_mtp  # noqa: E402
 
 VOCAB = 99
 ARCHS = ("llama", "gpt2")

@@ -17,6 +17,16 @@ CHATS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The real model's exactness checks run single-threaded: with two threads MKL may split a GEMM differently
+    from one call to the next, and two identical passes then differ by ~1e-3 in the logits (seen in 2 of 7 runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def converted(default_base):
     base, tokenizer = default_base
@@ -106,11 +116,16 @@ def shipped():
     return transformers_mtp.load_default()
 
 
-def test_shipped_heads_keep_base_bit_identical_and_draft_useful_tokens(default_base, shipped):
+def test_shipped_heads_keep_base_bit_identical(default_base, shipped):
     base, tokenizer = default_base
     model, _ = shipped
     ids = chat_ids(tokenizer, CHATS[0])
     assert torch.equal(model(ids).logits, base(ids).logits)
+
+
+def test_shipped_heads_draft_useful_tokens(default_base, shipped):
+    _, tokenizer = default_base
+    model, _ = shipped
     assert model.config.draft_vocab_size == 8192 and model.generation_config.num_predict_heads == 3
     total_new = total_forward = 0
     for text in CHATS:
