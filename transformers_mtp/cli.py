@@ -26,6 +26,11 @@ def chat_input_ids(tokenizer, text):
     return torch.tensor([chat_ids(tokenizer, text)])
 
 
+def encode_prompt(tokenizer, text, *, raw=False):
+    """[1, T] ids: `text` as a chat-template user turn, or as is with `raw`."""
+    return tokenizer(text, return_tensors="pt")["input_ids"] if raw else chat_input_ids(tokenizer, text)
+
+
 def load_model_and_tokenizer(model_path, fresh_heads=None):
     """A converted checkpoint folder; or (no path) the embedded default model with its shipped heads, or with
     `fresh_heads` untrained heads when that is a number."""
@@ -108,7 +113,7 @@ def cmd_generate(args):
     from transformers_mtp.comparison import compare_with_greedy
 
     model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads)
-    ids = chat_input_ids(tokenizer, args.prompt) if not args.raw else tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    ids = encode_prompt(tokenizer, args.prompt, raw=args.raw)
     if not args.compare:
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False, streamer=streamer,
@@ -191,9 +196,7 @@ def cmd_bench(args):
     model = model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
     prompts = load_prompts(args.prompts)[: args.limit]
     for prompt in prompts:
-        ids = prompt["prompt"] if args.raw else None
-        prompt["input_ids"] = (tokenizer(ids, return_tensors="pt")["input_ids"] if args.raw
-                               else chat_input_ids(tokenizer, prompt["prompt"])).to(device)
+        prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
     num_heads = model.config.num_heads
     ks = list(range(2, num_heads + 1)) if args.k_sweep else [args.num_predict_heads] if args.num_predict_heads else None
     result = run_benchmark(model, prompts, modes=args.modes, ks=ks, max_new_tokens=args.max_new_tokens)
@@ -207,7 +210,16 @@ def cmd_bench(args):
     print(f"Wrote bench.json, bench.md and plots to {args.output_dir}")
 
 
+def _add_model_arguments(parser):
+    """--model / --fresh-heads / --raw, shared by the commands that decode."""
+    parser.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, shipped heads)")
+    parser.add_argument("--fresh-heads", type=int, default=None, help="use N untrained heads on the default model")
+    parser.add_argument("--raw", action="store_true", help="use prompts as they are, without the chat template")
+
+
 def build_parser():
+    from transformers_mtp.configuration_multi_token import HEAD_TYPES
+
     parser = argparse.ArgumentParser(prog="transformers-mtp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,7 +238,7 @@ def build_parser():
     convert.add_argument("--base", help="local checkpoint folder or .gguf file, or 'default' for the embedded SmolLM2")
     convert.add_argument("--output-dir", required=True)
     convert.add_argument("--num-heads", type=int, default=None, help="default: the preset's, else 4")
-    convert.add_argument("--head-type", default=None, choices=["linear", "resblock", "query_extension"])
+    convert.add_argument("--head-type", default=None, choices=HEAD_TYPES)
     convert.add_argument("--num-predict-heads", type=int, default=None, help="default tokens per step at generation")
     convert.add_argument("--license", default=None, help="license of the base model, for the model card")
     convert.add_argument("--overwrite", action="store_true", help="replace a non-empty --output-dir")
@@ -238,7 +250,7 @@ def build_parser():
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--preset", default="smollm2-135m", help="YAML preset with a train: section")
     train.add_argument("--output-dir", required=True)
-    train.add_argument("--head-type", choices=["linear", "resblock", "query_extension"], default=None)
+    train.add_argument("--head-type", choices=HEAD_TYPES, default=None)
     train.add_argument("--data", default=None, help="'builtin' (self-distillation) or a .txt / .jsonl file")
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--num-train-epochs", type=float, default=None)
@@ -250,11 +262,9 @@ def build_parser():
     generate = sub.add_parser("generate", help="stream a multi-token generation, optionally compared with greedy",
                               epilog='example: transformers-mtp generate "Write a haiku about CPUs." --compare')
     generate.add_argument("prompt")
-    generate.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, shipped heads)")
-    generate.add_argument("--fresh-heads", type=int, default=None, help="use N untrained heads on the default model")
+    _add_model_arguments(generate)
     generate.add_argument("--num-predict-heads", type=int, default=None)
     generate.add_argument("--max-new-tokens", type=int, default=128)
-    generate.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
     generate.add_argument("--compare", action="store_true", help="also run plain greedy; report identity and speedup")
     generate.set_defaults(func=cmd_generate)
 
@@ -262,11 +272,9 @@ def build_parser():
                            epilog="examples:\n  transformers-mtp bench --model smollm2-mtp --output-dir bench-out\n"
                                   "  transformers-mtp bench --prompts my_prompts.jsonl --k-sweep --limit 4",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--model", help="converted checkpoint folder (default: the embedded SmolLM2, shipped heads)")
-    bench.add_argument("--fresh-heads", type=int, default=None, help="use N untrained heads on the default model")
+    _add_model_arguments(bench)
     bench.add_argument("--prompts", help='JSONL file, one {"prompt": ..., "kind": "code"|"chat", "id": ...} per line')
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    bench.add_argument("--raw", action="store_true", help="use prompts as they are, without the chat template")
     bench.add_argument("--modes", nargs="+", default=["verified", "unverified", "prompt_lookup"],
                        choices=["verified", "unverified", "prompt_lookup"], help="compared against plain greedy")
     bench.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the generation config's)")
