@@ -10,6 +10,7 @@ from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConf
 from .conversion import SUPPORTED_ARCHITECTURES, convert, load_base_model
 from .default_model import default_gguf_path, load_default, load_default_base
 from .generation_multi_token import MultiTokenGenerateOutput, MultiTokenStats
+from .hub import push_to_hub
 from .modeling_multi_token import (
     GPT2ForMultiTokenPrediction,
     LlamaForMultiTokenPrediction,
@@ -42,4 +43,5 @@ __all__ = [
     "load_default",
     "load_default_base",
     "multi_token_loss",
+    "push_to_hub",
 ]

@@ -131,6 +131,27 @@ def _summary(result):
             + " / ".join(f"{a:.2f}" for a in result.head_acceptance))
 
 
+def cmd_push(args):
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from transformers_mtp.hub import push_to_hub
+
+    try:
+        commit = push_to_hub(args.model_dir, args.repo_id, private=args.private, revision=args.revision,
+                             create_pr=args.create_pr, commit_message=args.commit_message, bench_json=args.bench_json)
+    except HfHubHTTPError as error:  # the Hub's own message spans lines: keep it on one, and say what to check
+        status = error.response.status_code if error.response is not None else None
+        hint = {401: "set HF_TOKEN or run `hf auth login`", 403: "use a token with write access to this namespace",
+                404: "check REPO_ID and --revision"}.get(status, "see the Hub's message")
+        raise OSError(f"the Hub refused the push: {' '.join(str(error).split())}; {hint}") from error
+    except ValueError as error:  # huggingface_hub's own checks (such as the card's YAML) can span lines too
+        raise ValueError(" ".join(str(error).split())) from error
+    print(f"Pushed {args.model_dir} to {commit.repo_url} ({args.revision or 'main'}): {commit.commit_url}")
+    if commit.pr_url:
+        print(f"Opened pull request {commit.pr_url}")
+    print(f'Load it anywhere with AutoModelForCausalLM.from_pretrained("{args.repo_id}", trust_remote_code=True)')
+
+
 def cmd_demo(args):
     import torch
 
@@ -258,6 +279,28 @@ def build_parser():
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     train.add_argument("--overwrite", action="store_true", help="start over in a non-empty --output-dir")
     train.set_defaults(func=cmd_train)
+
+    push = sub.add_parser("push", help="upload a saved multi-token model and its card to the Hugging Face Hub",
+                          epilog="examples:\n  transformers-mtp push smollm2-mtp your-username/smollm2-mtp\n"
+                                 "  transformers-mtp push runs/smollm2/merged your-username/smollm2-mtp --private "
+                                 "--bench-json bench-out/bench.json\n"
+                                 "  transformers-mtp push smollm2-mtp your-username/smollm2-mtp --create-pr "
+                                 "--commit-message 'Retrained heads'\n"
+                                 "The token comes from HF_TOKEN or `hf auth login`. The pushed README.md is the\n"
+                                 "folder's own card, or one rendered from its config.",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    push.add_argument("model_dir", metavar="MODEL_DIR",
+                      help="folder written by convert, train (its merged/) or save_pretrained")
+    push.add_argument("repo_id", metavar="REPO_ID", help="Hub model repo, namespace/name; created if missing")
+    push.add_argument("--private", action="store_true",
+                      help="create the repo private (an existing repo keeps its visibility)")
+    push.add_argument("--revision", default=None, help="branch to push to, created if missing (default: main)")
+    push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing to main")
+    push.add_argument("--commit-message", default=None)
+    push.add_argument("--bench-json", default=None,
+                      help="bench.json from `transformers-mtp bench` for the card's Measured section "
+                           "(default: MODEL_DIR/bench.json if present)")
+    push.set_defaults(func=cmd_push)
 
     generate = sub.add_parser("generate", help="stream a multi-token generation, optionally compared with greedy",
                               epilog='example: transformers-mtp generate "Write a haiku about CPUs." --compare')
