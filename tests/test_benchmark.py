@@ -3,7 +3,13 @@ import json
 import torch
 from conftest import VOCAB, tiny_mtp
 
-from transformers_mtp.benchmark import markdown_table, run_benchmark, write_report
+from transformers_mtp.benchmark import (
+    batched_markdown_table,
+    markdown_table,
+    run_batched_benchmark,
+    run_benchmark,
+    write_report,
+)
 from transformers_mtp.cli import load_prompts
 
 
@@ -12,9 +18,10 @@ def test_benchmark_measures_every_mode_against_greedy(tmp_path):
     prompts = [{"id": f"p{i}", "kind": "code" if i % 2 else "chat",
                 "input_ids": torch.randint(3, VOCAB, (1, 5 + i), generator=torch.Generator().manual_seed(i))}
                for i in range(4)]
-    result = run_benchmark(model, prompts, ks=[2, 4], max_new_tokens=16, progress=False)
+    result = run_benchmark(model, prompts, ks=[2, 4], thresholds=[0.0, 0.02], max_new_tokens=16, progress=False)
     records = result["records"]
-    assert len(records) == 4 * (1 + 3 * 2)
+    # greedy + sample, then per k: verified x 2 thresholds, unverified, prompt lookup, verified sampling x 2
+    assert len(records) == 4 * (2 + 2 * (2 + 1 + 1 + 2))
     verified = [r for r in records if r["mode"] == "verified"]
     assert all(r["identical"] for r in verified)  # lossless, whatever the heads draft
     assert all(r["forward_passes"] >= 1 and r["seconds"] > 0 and 0 < r["ttft"] <= r["seconds"] for r in records)
@@ -26,7 +33,22 @@ def test_benchmark_measures_every_mode_against_greedy(tmp_path):
     assert {("verified", 4, "all"), ("verified", 4, "code"), ("prompt_lookup", 2, "chat"), ("greedy", 1, "all")} <= rows
     greedy_row = next(s for s in result["summary"] if (s["mode"], s["kind"]) == ("greedy", "all"))
     assert greedy_row["speedup"]["median"] == 1.0 and greedy_row["exact_match_rate"] == 1.0
-    assert "| verified (all) | 4 |" in markdown_table(result["summary"])
+    assert "| verified k=4 (all) | 4 |" in markdown_table(result["summary"])
+    assert "| verified k=4 t=0.02 (code) | 2 |" in markdown_table(result["summary"])
+    # sampling modes: compared with plain sampling, no exact-match claim
+    sampled = next(s for s in result["summary"] if (s["mode"], s["k"], s["threshold"], s["kind"]) ==
+                   ("verified_sample", 4, 0.0, "all"))
+    assert sampled["baseline"] == "sample" and sampled["exact_match_rate"] is None
+    assert all(r["identical"] is None for r in records if r["mode"] in ("sample", "verified_sample"))
+    # a threshold that cuts drafts proposes fewer of them
+    proposed = {t: sum(sum(r["head_proposed"]) for r in records if (r["mode"], r["k"], r["threshold"]) ==
+                       ("verified", 4, t)) for t in (0.0, 0.02)}
+    assert proposed[0.02] < proposed[0.0]
+    result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=[1, 3], k=3, max_new_tokens=12,
+                                              progress=False)
+    assert [row["batch_size"] for row in result["batched"]] == [1, 3]
+    assert all(row["identical_rows"] == row["batch_size"] and row["speedup"] > 0 for row in result["batched"])
+    assert "| 3 | 3 |" in batched_markdown_table(result["batched"])
     write_report(result, tmp_path, environment={"device": "cpu"})
     assert json.loads((tmp_path / "bench.json").read_text())["environment"] == {"device": "cpu"}
     for name in ("bench.md", "head_acceptance.png", "speedup_per_prompt.png", "tokens_per_forward.png"):

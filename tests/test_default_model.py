@@ -138,3 +138,36 @@ def test_shipped_heads_draft_useful_tokens(default_base, shipped):
         total_forward += out.multi_token_stats.forward_passes
     # trained heads save forward passes (fresh heads give 1.00); measured 1.3-1.4 on the benchmark prompts
     assert total_new / total_forward > 1.15
+
+
+def left_padded_chats(tokenizer, texts):
+    from transformers_mtp.benchmark import left_pad
+
+    return left_pad([chat_ids(tokenizer, text) for text in texts], tokenizer.pad_token_id)
+
+
+def test_shipped_heads_batched_rows_match_batched_greedy(shipped):
+    """A left-padded batch whose rows keep different numbers of drafts: each row equals plain batched greedy's."""
+    model, tokenizer = shipped
+    ids, mask = left_padded_chats(tokenizer, CHATS)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=64, do_sample=False)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=64, do_sample=False, multi_token_mode=True,
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert len(set(out.multi_token_stats.accepted_per_step)) > 1
+
+
+def test_shipped_heads_adaptive_draft_length_and_sampling(shipped):
+    model, tokenizer = shipped
+    ids = chat_ids(tokenizer, CHATS[0])
+    expected = model.generate(ids, max_new_tokens=96, do_sample=False)
+    full = model.generate(ids, max_new_tokens=96, do_sample=False, multi_token_mode=True, return_dict_in_generate=True)
+    cut = model.generate(ids, max_new_tokens=96, do_sample=False, multi_token_mode=True, return_dict_in_generate=True,
+                         draft_confidence_threshold=0.5)
+    assert torch.equal(cut.sequences, expected)
+    assert sum(cut.multi_token_stats.head_proposed) < sum(full.multi_token_stats.head_proposed)
+    # speculative sampling runs on the real model and keeps drafts (its exactness is tested on a tiny vocabulary)
+    torch.manual_seed(0)
+    sampled = model.generate(ids, max_new_tokens=64, do_sample=True, temperature=0.7, top_p=0.9,
+                             multi_token_mode=True, return_dict_in_generate=True)
+    assert sampled.multi_token_stats.tokens_per_forward > 1.0

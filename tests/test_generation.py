@@ -22,19 +22,22 @@ def mtp(model, prompt, **kwargs):
 
 
 class OracleDrafts:
-    """Drafts read from a precomputed greedy continuation, each corrupted with probability `error_rate`."""
+    """Drafts read from precomputed greedy continuations [B, L], each corrupted with probability `error_rate`."""
 
     def __init__(self, reference, error_rate, seed=0):
-        self.reference, self.error_rate, self.rng = reference[0].tolist(), error_rate, random.Random(seed)
+        self.reference, self.error_rate, self.rng = reference.tolist(), error_rate, random.Random(seed)
 
-    def __call__(self, decoder, normed, layer_input, next_tokens, positions, num_drafts):
-        start = decoder.sequence.shape[1]
-        drafts = []
-        for j in range(num_drafts):
-            right = self.reference[start + j] if start + j < len(self.reference) else 3
-            wrong = (right + 1 + self.rng.randrange(VOCAB - 1)) % VOCAB
-            drafts.append(wrong if self.rng.random() < self.error_rate else right)
-        return torch.tensor([drafts], dtype=torch.long)
+    def __call__(self, decoder, normed, layer_input, next_tokens, positions, last, max_length):
+        all_drafts = []
+        for i, reference in enumerate(self.reference):
+            start = decoder.rows[i].shape[0]
+            drafts = []
+            for j in range(decoder.num_drafts(i, max_length)):
+                right = reference[start + j] if start + j < len(reference) else 3
+                wrong = (right + 1 + self.rng.randrange(VOCAB - 1)) % VOCAB
+                drafts.append(wrong if self.rng.random() < self.error_rate else right)
+            all_drafts.append(torch.tensor(drafts, dtype=torch.long))
+        return all_drafts, None
 
 
 def use_drafts(monkeypatch, drafter):
@@ -121,7 +124,7 @@ def test_cache_after_rollback_equals_rebuilt_cache(arch, monkeypatch):
         removed = decoder.cache.get_seq_length() - keep
         original(decoder, keep)
         # everything but the newest emitted token (it is fed in the next pass) is cached, nothing more
-        sequence = decoder.sequence
+        sequence = decoder.rows[0][None]
         assert decoder.cache.get_seq_length() == sequence.shape[1] - 1
         rebuilt = model(sequence[:, :-1], use_cache=True).cache
         for got, want in zip(decoder.cache.layers, rebuilt.layers):
@@ -228,7 +231,7 @@ def test_unverified_mode_appends_every_draft(arch, monkeypatch):
     [
         ("too many heads", {"num_predict_heads": 5}, "num_predict_heads=5 exceeds the model's num_heads=4; pass at most 4"),
         ("zero heads", {"num_predict_heads": 0}, "num_predict_heads=0 must be an integer from 1 to num_heads=4"),
-        ("sampling", {"do_sample": True}, "do_sample=True is not supported yet"),
+        ("unverified sampling", {"multi_token_mode": "unverified", "do_sample": True}, "decodes one greedy sequence"),
         ("beams", {"num_beams": 2}, "does not support beam search \\(num_beams=2\\)"),
         ("return sequences", {"num_return_sequences": 2}, "do not support `num_return_sequences`"),  # transformers' own
         ("bad mode", {"multi_token_mode": "fast"}, "multi_token_mode='fast' is not supported"),
@@ -247,8 +250,8 @@ def test_unsupported_combinations_raise(name, kwargs, message):
 
 def test_batch_and_length_errors():
     model = tiny_mtp("gpt2", num_heads=4)
-    with pytest.raises(ValueError, match="supports batch size 1 \\(got 2 sequences"):
-        model.generate(torch.randint(3, VOCAB, (2, 4)), max_new_tokens=5, multi_token_mode=True)
+    with pytest.raises(ValueError, match="decodes one greedy sequence at a time.*batch size 2"):
+        model.generate(torch.randint(3, VOCAB, (2, 4)), max_new_tokens=5, multi_token_mode="unverified")
     with pytest.raises(ValueError, match="exceeds the model's n_positions=256"):
         model.generate(torch.randint(3, VOCAB, (1, 250)), max_new_tokens=10, multi_token_mode=True)
     with pytest.raises(ValueError, match="only applies with multi_token_mode=True"):
@@ -268,3 +271,32 @@ def test_generate_through_peft_wrapper(arch):
     out = peft_model.generate(input_ids=prompt, max_new_tokens=20, do_sample=False, multi_token_mode=True,
                               return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected) and out.multi_token_stats.forward_passes > 0
+
+
+# --- adaptive draft length --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
+def test_confidence_threshold_drafts_less_and_stays_greedy(head_type, extra):
+    model = randomize_heads(transformers_mtp.convert(tiny_base("llama", 2), num_heads=4, head_type=head_type, **extra),
+                            2, 0.1)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(2))
+    expected = greedy(model, prompt, max_new_tokens=40)
+    full = mtp(model, prompt, max_new_tokens=40)
+    # thresholds between the heads' own top probabilities (near 1/VOCAB for random heads), so some drafts pass
+    confidence = model(expected, output_head_logits=True).head_logits.softmax(-1).amax(-1).flatten()
+    proposed = []
+    for threshold in (*confidence.quantile(torch.tensor([0.25, 0.5, 0.75])).tolist(), 0.99):
+        out = mtp(model, prompt, max_new_tokens=40, draft_confidence_threshold=threshold)
+        assert torch.equal(out.sequences, expected), threshold
+        proposed.append(sum(out.multi_token_stats.head_proposed))
+    assert sum(full.multi_token_stats.head_proposed) >= proposed[0] >= proposed[-1]
+    assert proposed[-1] < proposed[0], "the threshold never cut a draft: the test checked nothing"
+    # from the generation config, as num_predict_heads
+    model.generation_config.draft_confidence_threshold = 0.99
+    assert sum(mtp(model, prompt, max_new_tokens=40).multi_token_stats.head_proposed) == proposed[-1]
+
+
+@pytest.mark.parametrize("threshold", [1.0, -0.1, "high", True])
+def test_bad_confidence_threshold(threshold):
+    model = tiny_mtp("llama")
+    with pytest.raises(ValueError, match=f"draft_confidence_threshold={threshold!r} must be a probability in \\[0, 1\\)"):
+        mtp(model, torch.randint(3, VOCAB, (1, 4)), max_new_tokens=5, draft_confidence_threshold=threshold)

@@ -1,9 +1,14 @@
 # Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
-"""Side-by-side decoding benchmark: plain greedy, verified and unverified multi-token, and transformers' prompt-lookup
-decoding, in one process, interleaved (the mode order rotates from prompt to prompt), after a warm-up.
+"""Side-by-side decoding benchmark, in one process, interleaved (the mode order rotates from prompt to prompt), after
+a warm-up:
 
-Absolute times on shared machines are noise, so everything is reported as a ratio against plain greedy decoding of
-the same prompt, measured back to back.
+- greedy modes: plain greedy, verified and unverified multi-token (optionally with a draft-confidence threshold),
+  and transformers' prompt-lookup decoding;
+- sampling modes: plain sampling and multi-token speculative sampling, with the same settings and seed;
+- batches: plain batched greedy against batched verified multi-token decoding at several batch sizes.
+
+Absolute times on shared machines are noise, so everything is reported as a ratio against the plain mode of the same
+prompt (greedy, or sampling for the sampling modes), measured back to back.
 """
 
 import json
@@ -16,7 +21,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
-MODES = ("greedy", "verified", "unverified", "prompt_lookup")
+MODES = ("greedy", "verified", "unverified", "prompt_lookup", "sample", "verified_sample")
+SAMPLING_MODES = ("sample", "verified_sample")
+# The sampling settings of the benchmark: the usual chat settings (SmolLM2's card suggests temperature 0.2 - 0.7).
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
+
+
+def baseline_mode(mode):
+    """The plain mode a mode is compared with."""
+    return "sample" if mode in SAMPLING_MODES else "greedy"
 
 
 @dataclass
@@ -27,12 +40,13 @@ class RunRecord:
     kind: str
     mode: str
     k: int
+    threshold: float  # draft_confidence_threshold (multi-token modes; 0 = always draft k - 1 tokens)
     new_tokens: int
     seconds: float
     ttft: float  # seconds to the first new token
     tpot: float  # seconds per new token after the first
     forward_passes: int  # base (trunk) forward passes, counted by a hook
-    identical: bool = False  # output equal to plain greedy's
+    identical: bool | None = None  # output equal to plain greedy's (None for sampling modes)
     head_proposed: list[int] = field(default_factory=list)
     head_accepted: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
@@ -81,18 +95,26 @@ def _cache_bytes(cache):
                if t is not None)
 
 
-@torch.inference_mode()
-def run_one(model, input_ids, *, mode, k, max_new_tokens, prompt_id="", kind=""):
-    """Decode `input_ids` [1, T] in `mode` with `k` tokens per step; returns (sequences, RunRecord)."""
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
-    if mode == "verified":
-        kwargs.update(multi_token_mode=True, num_predict_heads=k)
+def generate_kwargs(mode, k, threshold=0.0):
+    """`generate()` arguments of a benchmark mode."""
+    kwargs = {"do_sample": mode in SAMPLING_MODES, **(SAMPLING if mode in SAMPLING_MODES else {})}
+    if mode in ("verified", "verified_sample"):
+        kwargs.update(multi_token_mode=True, num_predict_heads=k, draft_confidence_threshold=threshold)
     elif mode == "unverified":
-        kwargs.update(multi_token_mode="unverified", num_predict_heads=k)
+        kwargs.update(multi_token_mode="unverified", num_predict_heads=k, draft_confidence_threshold=threshold)
     elif mode == "prompt_lookup":
         kwargs.update(prompt_lookup_num_tokens=k - 1)
-    elif mode != "greedy":
+    elif mode not in ("greedy", "sample"):
         raise ValueError(f"mode={mode!r} is not one of {list(MODES)}.")
+    return kwargs
+
+
+@torch.inference_mode()
+def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, seed=0, prompt_id="", kind=""):
+    """Decode `input_ids` [1, T] in `mode` with `k` tokens per step; returns (sequences, RunRecord). Sampling modes
+    draw with `torch.manual_seed(seed)`."""
+    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold))
+    torch.manual_seed(seed)
     device = input_ids.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -114,7 +136,8 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, prompt_id="", kind="")
         memory = sum(p.numel() * p.element_size() for p in model.parameters()) + _cache_bytes(out.cache)
     stats = getattr(out, "multi_token_stats", None)
     record = RunRecord(
-        prompt_id=prompt_id, kind=kind, mode=mode, k=1 if mode == "greedy" else k, new_tokens=new_tokens,
+        prompt_id=prompt_id, kind=kind, mode=mode, k=1 if mode in ("greedy", "sample") else k,
+        threshold=threshold if mode in ("verified", "unverified", "verified_sample") else 0.0, new_tokens=new_tokens,
         seconds=seconds, ttft=ttft, tpot=(seconds - ttft) / max(new_tokens - 1, 1), forward_passes=counter.count,
         head_proposed=list(stats.head_proposed) if stats else [], head_accepted=list(stats.head_accepted) if stats else [],
         accepted_per_step=list(stats.accepted_per_step) if stats else [], memory_bytes=memory,
@@ -122,37 +145,55 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, prompt_id="", kind="")
     return out.sequences, record
 
 
-def run_benchmark(model, prompts, *, modes=MODES, ks=None, max_new_tokens=128, warmup=True, progress=True):
+def benchmark_runs(modes, ks, thresholds=(0.0,)):
+    """(mode, k, threshold) of every measured variant, baselines first."""
+    runs = [("greedy", 1, 0.0)]
+    if any(mode in SAMPLING_MODES for mode in modes):
+        runs.append(("sample", 1, 0.0))
+    for mode in modes:
+        if mode in ("greedy", "sample"):
+            continue
+        for k in ks:
+            for threshold in (thresholds if mode in ("verified", "verified_sample") else (0.0,)):
+                runs.append((mode, k, threshold))
+    return runs
+
+
+def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=(0.0,), max_new_tokens=128, warmup=True,
+                  progress=True):
     """
     prompts: dicts with `id`, `kind` and `input_ids` [1, T]. ks: tokens per step to measure for the multi-token and
-    prompt-lookup modes (default: the generation config's num_predict_heads). Returns a JSON-ready dict.
+    prompt-lookup modes (default: the generation config's num_predict_heads). thresholds: draft-confidence thresholds
+    of the verified modes. Returns a JSON-ready dict.
     """
     default_k = getattr(model.generation_config, "num_predict_heads", None) or model.config.num_heads
     ks = list(ks or [default_k])
-    runs = [("greedy", 1)] + [(mode, k) for mode in modes if mode != "greedy" for k in ks]
+    runs = benchmark_runs(modes, ks, thresholds)
     if warmup:  # one-time costs (allocator growth, kernel choice) land outside the timing
-        for mode, k in runs:
-            run_one(model, prompts[0]["input_ids"], mode=mode, k=k, max_new_tokens=8)
+        for mode, k, threshold in runs:
+            run_one(model, prompts[0]["input_ids"], mode=mode, k=k, threshold=threshold, max_new_tokens=8)
     records = []
     bar = tqdm(total=len(prompts) * len(runs), desc="bench", disable=not progress)
     for index, prompt in enumerate(prompts):
         order = runs[index % len(runs):] + runs[: index % len(runs)]  # rotate which mode runs first
         outputs = {}
-        for mode, k in order:
-            sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, max_new_tokens=max_new_tokens,
-                                        prompt_id=prompt["id"], kind=prompt["kind"])
-            outputs[(mode, k)] = (sequences, record)
+        for mode, k, threshold in order:
+            sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, threshold=threshold,
+                                        max_new_tokens=max_new_tokens, seed=index, prompt_id=prompt["id"],
+                                        kind=prompt["kind"])
+            outputs[(mode, k, threshold)] = (sequences, record)
             bar.update()
-        greedy_sequences, greedy_record = outputs[("greedy", 1)]
-        for (mode, k), (sequences, record) in outputs.items():
-            record.identical = bool(torch.equal(sequences, greedy_sequences))
+        greedy_sequences, greedy_record = outputs[("greedy", 1, 0.0)]
+        for (mode, k, threshold), (sequences, record) in outputs.items():
+            if mode not in SAMPLING_MODES:
+                record.identical = bool(torch.equal(sequences, greedy_sequences))
             records.append(record)
-        verified = [r for (m, _), (_, r) in outputs.items() if m == "verified"]
+        verified = [r for (m, _, _), (_, r) in outputs.items() if m == "verified"]
         if verified:
             bar.set_postfix(speedup=f"{greedy_record.seconds / verified[0].seconds:.2f}x",
                             tau=f"{verified[0].tokens_per_forward:.2f}")
     bar.close()
-    return {"max_new_tokens": max_new_tokens, "records": [asdict(r) for r in records],
+    return {"max_new_tokens": max_new_tokens, "sampling": SAMPLING, "records": [asdict(r) for r in records],
             "summary": summarize(records)}
 
 
@@ -162,42 +203,130 @@ def _spread(values):
 
 def summarize(records):
     """Per mode / k and per prompt kind: ratios against greedy on the same prompt, acceptance, exact matches."""
-    greedy = {r.prompt_id: r for r in records if r.mode == "greedy"}
+    plain = {(r.mode, r.prompt_id): r for r in records if r.mode in ("greedy", "sample")}
     groups = {}
     for record in records:
         for kind in ("all", record.kind):
-            groups.setdefault((record.mode, record.k, kind), []).append(record)
+            groups.setdefault((record.mode, record.k, record.threshold, kind), []).append(record)
     summary = []
-    for (mode, k, kind), group in sorted(groups.items(), key=lambda item: (MODES.index(item[0][0]), item[0][1:])):
-        base = [greedy[r.prompt_id] for r in group]
+    for (mode, k, threshold, kind), group in sorted(groups.items(),
+                                                    key=lambda item: (MODES.index(item[0][0]), item[0][1:])):
+        base = [plain[(baseline_mode(mode), r.prompt_id)] for r in group]
         proposed = [sum(r.head_proposed[i] for r in group if len(r.head_proposed) > i)
                     for i in range(max((len(r.head_proposed) for r in group), default=0))]
         accepted = [sum(r.head_accepted[i] for r in group if len(r.head_accepted) > i) for i in range(len(proposed))]
         summary.append({
-            "mode": mode, "k": k, "kind": kind, "prompts": len(group),
+            "mode": mode, "k": k, "threshold": threshold, "kind": kind, "prompts": len(group),
+            "baseline": baseline_mode(mode),
             "tokens_per_s": statistics.median(r.new_tokens / r.seconds for r in group),
             "speedup": _spread([b.seconds / r.seconds * r.new_tokens / max(b.new_tokens, 1) for r, b in zip(group, base)]),
             "ttft_ratio": statistics.median(r.ttft / b.ttft for r, b in zip(group, base)),
             "tpot_ratio": statistics.median(r.tpot / b.tpot for r, b in zip(group, base)),
             "tokens_per_forward": sum(r.new_tokens for r in group) / max(sum(r.forward_passes for r in group), 1),
             "head_acceptance": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
-            "exact_match_rate": sum(r.identical for r in group) / len(group),
+            "exact_match_rate": (None if mode in SAMPLING_MODES else sum(r.identical for r in group) / len(group)),
             "memory_mb": max(r.memory_bytes for r in group) / 2**20,
         })
     return summary
 
 
+def variant_label(mode, k, threshold=0.0):
+    label = mode if mode in ("greedy", "sample") else f"{mode} k={k}"
+    return label + (f" t={threshold:g}" if threshold else "")
+
+
 def markdown_table(summary):
-    lines = ["| mode | k | prompts | speedup vs greedy (median [min, max]) | TTFT ratio | TPOT ratio | tokens / forward "
-             "| head acceptance | identical to greedy | memory (MB) |", "|" + "---|" * 10]
+    lines = ["| mode | prompts | speedup vs plain (median [min, max]) | TTFT ratio | TPOT ratio | tokens / forward "
+             "| head acceptance | identical to greedy | memory (MB) |", "|" + "---|" * 9]
     for row in summary:
         s = row["speedup"]
         acceptance = " / ".join(f"{a:.2f}" for a in row["head_acceptance"]) or "-"
+        identical = "-" if row["exact_match_rate"] is None else f"{row['exact_match_rate']:.0%}"
+        label = variant_label(row["mode"], row["k"], row.get("threshold", 0.0))
         lines.append(
-            f"| {row['mode']} ({row['kind']}) | {row['k']} | {row['prompts']} | {s['median']:.2f}x [{s['min']:.2f}, "
-            f"{s['max']:.2f}] | {row['ttft_ratio']:.2f} | {row['tpot_ratio']:.2f} | {row['tokens_per_forward']:.2f} | "
-            f"{acceptance} | {row['exact_match_rate']:.0%} | {row['memory_mb']:.0f} |"
+            f"| {label} ({row['kind']}) | {row['prompts']} | {s['median']:.2f}x [{s['min']:.2f}, {s['max']:.2f}] vs "
+            f"{row.get('baseline', 'greedy')} | {row['ttft_ratio']:.2f} | {row['tpot_ratio']:.2f} | "
+            f"{row['tokens_per_forward']:.2f} | {acceptance} | {identical} | {row['memory_mb']:.0f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+# --- batches ------------------------------------------------------------------------------------------------------
+def left_pad(input_ids, pad_token_id):
+    """[1, T_i] prompts -> (input_ids [B, T], attention_mask [B, T]), left-padded as decoder-only generation wants."""
+    width = max(ids.shape[1] for ids in input_ids)
+    batch = input_ids[0].new_full((len(input_ids), width), pad_token_id)
+    mask = torch.zeros_like(batch)
+    for i, ids in enumerate(input_ids):
+        batch[i, width - ids.shape[1]:] = ids[0]
+        mask[i, width - ids.shape[1]:] = 1
+    return batch, mask
+
+
+def _new_token_count(sequences, prompt_width, pad_token_id, eos_token_ids):
+    """New tokens per row up to and including its EOS (the padding after it is not output)."""
+    total = 0
+    for row in sequences[:, prompt_width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos_token_ids), len(row))
+        total += end
+    return total
+
+
+@torch.inference_mode()
+def run_batched_benchmark(model, prompts, *, batch_sizes=(1, 4, 16), k=None, max_new_tokens=128, repeats=1,
+                          progress=True):
+    """
+    Throughput of plain batched greedy `generate()` and batched verified multi-token decoding at each batch size, on
+    the first `batch_size` prompts (cycled if there are fewer), interleaved, after a warm-up. Every row of the
+    multi-token output is checked against the plain batched output.
+    """
+    config = model.generation_config
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    pad = pad[0] if isinstance(pad, list) else pad
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    k = k or getattr(config, "num_predict_heads", None) or model.config.num_heads
+    modes = {"greedy": {}, "verified": {"multi_token_mode": True, "num_predict_heads": k}}
+    rows = []
+    bar = tqdm(total=len(batch_sizes) * repeats * 2, desc="batched bench", disable=not progress)
+    for batch_size in batch_sizes:
+        ids, mask = left_pad([prompts[i % len(prompts)]["input_ids"] for i in range(batch_size)], pad)
+        for kwargs in modes.values():  # warm-up at this batch shape
+            model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=pad, **kwargs)
+        seconds = {name: [] for name in modes}
+        outputs = {}
+        for repeat in range(repeats):
+            for name in (list(modes) if repeat % 2 == 0 else list(modes)[::-1]):
+                start = time.perf_counter()
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=pad, return_dict_in_generate=True, **modes[name])
+                seconds[name].append(time.perf_counter() - start)
+                outputs[name] = out
+                bar.update()
+        plain, ours = outputs["greedy"].sequences, outputs["verified"].sequences
+        tokens = _new_token_count(plain, ids.shape[1], pad, eos)
+        plain_s, ours_s = statistics.median(seconds["greedy"]), statistics.median(seconds["verified"])
+        stats = outputs["verified"].multi_token_stats
+        rows.append({
+            "batch_size": batch_size, "k": k, "new_tokens": tokens,
+            "greedy_tokens_per_s": tokens / plain_s, "verified_tokens_per_s": tokens / ours_s,
+            "speedup": plain_s / ours_s, "forward_passes": stats.forward_passes,
+            "tokens_per_forward_per_row": stats.new_tokens / max(stats.forward_passes, 1) / batch_size,
+            "head_acceptance": stats.head_acceptance,
+            "identical_rows": int(sum(torch.equal(a, b) for a, b in zip(ours, plain))),
+        })
+    bar.close()
+    return rows
+
+
+def batched_markdown_table(rows):
+    lines = ["| batch size | k | plain greedy tokens/s | verified tokens/s | speedup | tokens / forward / row "
+             "| head acceptance | rows identical to plain batched greedy |", "|" + "---|" * 8]
+    for row in rows:
+        acceptance = " / ".join(f"{a:.2f}" for a in row["head_acceptance"]) or "-"
+        lines.append(f"| {row['batch_size']} | {row['k']} | {row['greedy_tokens_per_s']:.1f} | "
+                     f"{row['verified_tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
+                     f"{row['tokens_per_forward_per_row']:.2f} | {acceptance} | "
+                     f"{row['identical_rows']}/{row['batch_size']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -212,38 +341,47 @@ def write_report(result, output_dir, *, environment=None):
     output_dir.mkdir(parents=True, exist_ok=True)
     result = {**result, "environment": environment or {}}
     (output_dir / "bench.json").write_text(json.dumps(result, indent=2))
-    (output_dir / "bench.md").write_text(markdown_table(result["summary"]))
+    markdown = markdown_table(result["summary"])
+    if result.get("batched"):
+        markdown += "\n" + batched_markdown_table(result["batched"])
+    (output_dir / "bench.md").write_text(markdown)
     records = result["records"]
-    multi = sorted({(r["mode"], r["k"]) for r in records if r["mode"] != "greedy"})
+    key = lambda r: (r["mode"], r["k"], r.get("threshold", 0.0))  # noqa: E731
+    multi = sorted({key(r) for r in records if r["mode"] not in ("greedy", "sample")}, key=lambda v: MODES.index(v[0]))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for mode, k in multi:
-        row = next(s for s in result["summary"] if (s["mode"], s["k"], s["kind"]) == (mode, k, "all"))
+    for variant in multi:
+        row = next(s for s in result["summary"]
+                   if (s["mode"], s["k"], s.get("threshold", 0.0), s["kind"]) == (*variant, "all"))
         if row["head_acceptance"]:
-            ax.plot(range(1, len(row["head_acceptance"]) + 1), row["head_acceptance"], marker="o", label=f"{mode} k={k}")
+            ax.plot(range(1, len(row["head_acceptance"]) + 1), row["head_acceptance"], marker="o",
+                    label=variant_label(*variant))
     ax.set(xlabel="head i (drafts token t+1+i)", ylabel="acceptance rate", title="Per-head acceptance", ylim=(0, 1))
     ax.legend()
     fig.savefig(output_dir / "head_acceptance.png", dpi=120, bbox_inches="tight")
 
     fig, ax = plt.subplots(figsize=(max(7, len(records) / 6), 4))
-    greedy = {r["prompt_id"]: r for r in records if r["mode"] == "greedy"}
-    prompt_ids = list(greedy)
+    plain = {(r["mode"], r["prompt_id"]): r for r in records if r["mode"] in ("greedy", "sample")}
+    prompt_ids = [p for m, p in plain if m == "greedy"]
     width = 0.8 / max(len(multi), 1)
-    for j, (mode, k) in enumerate(multi):
-        by_prompt = {r["prompt_id"]: r for r in records if (r["mode"], r["k"]) == (mode, k)}
-        ratios = [greedy[p]["seconds"] / by_prompt[p]["seconds"] for p in prompt_ids]
-        ax.bar([i + j * width for i in range(len(prompt_ids))], ratios, width, label=f"{mode} k={k}")
+    for j, variant in enumerate(multi):
+        by_prompt = {r["prompt_id"]: r for r in records if key(r) == variant}
+        ratios = []
+        for p in prompt_ids:
+            r, b = by_prompt[p], plain[(baseline_mode(variant[0]), p)]
+            ratios.append(b["seconds"] / r["seconds"] * r["new_tokens"] / max(b["new_tokens"], 1))
+        ax.bar([i + j * width for i in range(len(prompt_ids))], ratios, width, label=variant_label(*variant))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(prompt_ids))], prompt_ids, rotation=60, ha="right")
-    ax.set(ylabel="tokens/s vs plain greedy", title="Speedup per prompt")
+    ax.set(ylabel="tokens/s vs plain (greedy or sampling)", title="Speedup per prompt")
     ax.legend()
     fig.savefig(output_dir / "speedup_per_prompt.png", dpi=120, bbox_inches="tight")
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for mode, k in multi:
-        steps = [n for r in records if (r["mode"], r["k"]) == (mode, k) for n in r["accepted_per_step"]]
+    for variant in multi:
+        steps = [n for r in records if key(r) == variant for n in r["accepted_per_step"]]
         if steps:
-            ax.hist(steps, bins=range(1, max(steps) + 2), alpha=0.6, align="left", label=f"{mode} k={k}")
+            ax.hist(steps, bins=range(1, max(steps) + 2), alpha=0.6, align="left", label=variant_label(*variant))
     ax.set(xlabel="tokens accepted per verify pass", ylabel="steps", title="Tokens per forward pass")
     ax.legend()
     fig.savefig(output_dir / "tokens_per_forward.png", dpi=120, bbox_inches="tight")

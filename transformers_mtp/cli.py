@@ -205,7 +205,7 @@ def cmd_bench(args):
 
     import torch
 
-    from transformers_mtp.benchmark import markdown_table, run_benchmark, write_report
+    from transformers_mtp.benchmark import batched_markdown_table, markdown_table, run_batched_benchmark, run_benchmark, write_report
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -220,7 +220,11 @@ def cmd_bench(args):
         prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
     num_heads = model.config.num_heads
     ks = list(range(2, num_heads + 1)) if args.k_sweep else [args.num_predict_heads] if args.num_predict_heads else None
-    result = run_benchmark(model, prompts, modes=args.modes, ks=ks, max_new_tokens=args.max_new_tokens)
+    result = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
+                           max_new_tokens=args.max_new_tokens)
+    if args.batch_sizes:
+        result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
+                                                  k=args.num_predict_heads, max_new_tokens=args.max_new_tokens)
     environment = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
                    "model": args.model or ("embedded SmolLM2-135M-Instruct, "
@@ -228,6 +232,8 @@ def cmd_bench(args):
                    "num_heads": num_heads, "head_type": model.config.head_type}
     write_report(result, args.output_dir, environment=environment)
     print(markdown_table(result["summary"]))
+    if result.get("batched"):
+        print(batched_markdown_table(result["batched"]))
     print(f"Wrote bench.json, bench.md and plots to {args.output_dir}")
 
 
@@ -313,13 +319,21 @@ def build_parser():
 
     bench = sub.add_parser("bench", help="greedy vs multi-token vs prompt lookup, interleaved in one process",
                            epilog="examples:\n  transformers-mtp bench --model smollm2-mtp --output-dir bench-out\n"
-                                  "  transformers-mtp bench --prompts my_prompts.jsonl --k-sweep --limit 4",
+                                  "  transformers-mtp bench --prompts my_prompts.jsonl --k-sweep --limit 4\n"
+                                  "  transformers-mtp bench --modes verified sample verified_sample "
+                                  "--draft-thresholds 0 0.3 --batch-sizes 1 4 16",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_model_arguments(bench)
     bench.add_argument("--prompts", help='JSONL file, one {"prompt": ..., "kind": "code"|"chat", "id": ...} per line')
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     bench.add_argument("--modes", nargs="+", default=["verified", "unverified", "prompt_lookup"],
-                       choices=["verified", "unverified", "prompt_lookup"], help="compared against plain greedy")
+                       choices=["verified", "unverified", "prompt_lookup", "sample", "verified_sample"],
+                       help="compared against plain greedy (sampling modes: against plain sampling, same settings "
+                            "and seed)")
+    bench.add_argument("--draft-thresholds", nargs="+", type=float, default=[0.0], metavar="T",
+                       help="draft-confidence thresholds of the verified modes (0 = always draft k - 1 tokens)")
+    bench.add_argument("--batch-sizes", nargs="+", type=int, default=None, metavar="B",
+                       help="also measure batched greedy vs batched verified decoding at these batch sizes")
     bench.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the generation config's)")
     bench.add_argument("--k-sweep", action="store_true", help="measure every k from 2 to num_heads")
     bench.add_argument("--max-new-tokens", type=int, default=128)

@@ -1,27 +1,36 @@
 # Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
-"""Multi-token greedy decoding: draft with the heads, verify with the base model, keep what it agrees with.
+"""Multi-token decoding: draft with the heads, verify with the base model, keep what it would have produced itself.
 
 `multi_token_decoding` is handed to `GenerationMixin.generate(custom_generate=...)`, so input preparation (attention
-mask, position ids, `max_new_tokens` -> `max_length`, EOS and stop criteria, logits processors, the cache, the
-streamer's prompt) is transformers' own and means exactly what it means for plain greedy decoding.
+mask, position ids, `max_new_tokens` -> `max_length`, EOS and stop criteria, logits processors and warpers, the cache,
+the streamer's prompt) is transformers' own and means exactly what it means for plain `generate()`.
 
 Why not transformers' `_assisted_decoding` with a `CandidateGenerator`: it checks stopping criteria once per block
-(a stop string inside an accepted block would be overrun), it re-prepares model inputs every step, and the heads need
-the verify pass's hidden states, which that loop does not hand to a candidate generator.
+(a stop string inside an accepted block would be overrun), it re-prepares model inputs every step, it supports batch
+size 1 only, and the heads need the verify pass's hidden states, which that loop does not hand to a candidate
+generator.
 
 Each step (gpt-fast style, one stage per function):
-    verify: one trunk pass over [last token, d_1 .. d_{k-1}]
-    accept: the longest prefix of drafts equal to the base model's argmax, plus the base model's next token
-    emit:   token by token, with the stopping criteria checked after each, exactly as plain greedy does
-    roll back: crop the KV cache to the accepted tokens
-    draft:  heads at the last accepted position -> next k-1 drafts (no extra trunk pass)
+    verify: one trunk pass over [last token, d_1 .. d_n] for every row of the batch
+    accept: greedy: the longest prefix of drafts equal to the base model's argmax, plus the base model's next token;
+            sampling: the speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023): draft d_j is kept
+            with probability min(1, p_j(d_j) / q_j(d_j)); the first rejected one is replaced by a sample of
+            norm(max(p_j - q_j, 0)); when all are kept, one more token is sampled from p. The output distribution
+            is exactly plain sampling's.
+    emit:   token by token, with the stopping criteria checked after each, exactly as plain decoding does
+    roll back: crop the KV cache to the longest row's accepted tokens; the other rows' rejected positions are
+            masked out of the attention mask (rows accept different numbers of drafts)
+    draft:  heads at each row's last accepted position -> its next drafts (no extra trunk pass); with
+            `draft_confidence_threshold`, a row's drafts stop at the first one the head is unsure of
 
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
+from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -31,15 +40,15 @@ _IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")
 
 @dataclass
 class MultiTokenStats:
-    """Decoding statistics of one multi-token `generate()` call."""
+    """Decoding statistics of one multi-token `generate()` call (summed over the rows of a batch)."""
 
     num_predict_heads: int
     verified: bool
     forward_passes: int = 0  # base (trunk) forward passes, prefill included
-    new_tokens: int = 0
-    head_proposed: list[int] = field(default_factory=list)  # [i - 1]: steps in which head i's draft was checked
-    head_accepted: list[int] = field(default_factory=list)  # [i - 1]: ... and equalled the base model's argmax
-    accepted_per_step: list[int] = field(default_factory=list)  # tokens each verify pass accepted (drafts + 1)
+    new_tokens: int = 0  # over all rows, up to each row's end (padding after EOS not counted)
+    head_proposed: list[int] = field(default_factory=list)  # [i - 1]: row-steps in which head i's draft was checked
+    head_accepted: list[int] = field(default_factory=list)  # [i - 1]: ... and the base model kept it
+    accepted_per_step: list[int] = field(default_factory=list)  # tokens each row kept per verify pass (drafts + 1)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -89,23 +98,45 @@ def resolve_num_predict_heads(model, num_predict_heads, generation_config=None):
     return num_predict_heads
 
 
-def _check_supported(model, input_ids, generation_config, model_kwargs):
-    """Combinations that would silently change the output raise instead."""
-    if generation_config.do_sample:
+def resolve_draft_confidence_threshold(model, threshold, generation_config=None):
+    """`draft_confidence_threshold`, else the generation config's, else 0 (always draft num_predict_heads - 1)."""
+    if threshold is None:
+        config = generation_config if generation_config is not None else model.generation_config
+        threshold = getattr(config, "draft_confidence_threshold", None) or 0.0
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold < 1.0:
         raise ValueError(
-            "multi_token_mode decodes greedily; do_sample=True is not supported yet. Pass do_sample=False, or drop "
-            "multi_token_mode to sample with plain generate()."
+            f"draft_confidence_threshold={threshold!r} must be a probability in [0, 1): a head's draft is kept only "
+            "if its top probability reaches it; 0 keeps every draft."
         )
+    return float(threshold)
+
+
+def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer):
+    """Combinations that would silently change the output raise instead."""
+    batch_size = input_ids.shape[0]
     if generation_config.num_beams > 1:
         raise ValueError(
-            f"multi_token_mode does not support beam search (num_beams={generation_config.num_beams}); pass "
-            "num_beams=1, or drop multi_token_mode for plain beam search."
+            f"multi_token_mode does not support beam search (num_beams={generation_config.num_beams}): the heads "
+            "draft one continuation, not a beam. Pass num_beams=1, or drop multi_token_mode for plain beam search."
         )
-    if input_ids.shape[0] != 1:
+    if not verify and (generation_config.do_sample or batch_size != 1):
         raise ValueError(
-            f"multi_token_mode supports batch size 1 (got {input_ids.shape[0]} sequences, counting "
-            "num_return_sequences); call generate() once per prompt, or drop multi_token_mode for batched decoding."
+            "multi_token_mode='unverified' decodes one greedy sequence at a time; use multi_token_mode=True "
+            f"(verified) for do_sample=True or batches (got do_sample={generation_config.do_sample}, batch size "
+            f"{batch_size})."
         )
+    if batch_size > 1:
+        if streamer is not None:
+            raise ValueError(f"a streamer takes one sequence; got a batch of {batch_size}. Stream one prompt at a "
+                             "time, or drop the streamer.")
+        if generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits
+        ):
+            raise ValueError("multi_token_mode returns scores / logits for batch size 1 only (rows of a batch advance "
+                             "by different numbers of tokens); drop output_scores / output_logits or pass one row.")
+        if generation_config._pad_token_tensor is None:
+            raise ValueError("batched multi_token_mode needs a pad token for finished rows; set pad_token_id (or "
+                             "eos_token_id) in generate() or the generation config.")
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError("multi_token_mode cannot return attentions or hidden states; drop output_attentions / "
                          "output_hidden_states.")
@@ -120,22 +151,54 @@ def _check_supported(model, input_ids, generation_config, model_kwargs):
         )
 
 
-class _Decoder:
-    """State of one multi-token decoding run (batch size 1)."""
+def _processors_per_row(logits_processor, batch_size):
+    """
+    One `LogitsProcessorList` per row. Rows of a batch advance by different numbers of tokens, so each row's
+    processors are called on that row alone; processors that hold per-row state (the repetition penalty's
+    `prompt_ignore_length`, the padding of each prompt) get their own row of it.
+    """
+    if batch_size == 1:
+        return [logits_processor]
+    rows = []
+    for row in range(batch_size):
+        processors = LogitsProcessorList()
+        for processor in logits_processor:
+            if type(processor).__name__ == "PrefixConstrainedLogitsProcessor":
+                raise ValueError("prefix_allowed_tokens_fn is called with the batch index, which batched "
+                                 "multi_token_mode does not keep; pass one prompt at a time.")
+            per_row = {name: value[row : row + 1] for name, value in vars(processor).items()
+                       if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size}
+            if per_row:
+                processor = copy.copy(processor)
+                vars(processor).update(per_row)
+            processors.append(processor)
+        rows.append(processors)
+    return rows
 
-    def __init__(self, model, sequence, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
-                 attention_mask, position_ids, cache, keep_scores):
+
+class _Decoder:
+    """State of one multi-token decoding run: a batch of rows sharing one KV cache."""
+
+    def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
+                 attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold):
         self.model = model
-        self.sequence = sequence  # [1, L]: prompt + emitted tokens
-        self.logits_processor = logits_processor
+        self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
+        self.unfinished = [True] * len(self.rows)
+        self.logits_processor = _processors_per_row(logits_processor, len(self.rows))  # [row]
         self.stopping_criteria = stopping_criteria
         self.streamer = streamer
         self.k = num_predict_heads
-        self.attention_mask = attention_mask  # [1, cache length] or None when there is no padding
-        self.prompt_positions = position_ids  # as generate() computed them (cumsum of the mask under padding)
-        self.last_position = -1
+        self.do_sample = do_sample
+        self.pad_token_id = pad_token_id
+        self.draft_threshold = draft_threshold
+        # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
+        self.attention_mask = attention_mask if attention_mask is not None else input_ids.new_ones(input_ids.shape)
+        if position_ids is None:  # as generate() computes them: cumsum of the mask under padding
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape)
+        self.prompt_positions = position_ids
+        self.last_position = position_ids[:, -1].clone()  # [B]
         self.cache = cache
-        self.head_past = None  # own keys/values of `share_kv=False` heads, accepted positions only
+        self.head_past = None  # own keys/values of `share_kv=False` heads, aligned with the cache
         # computed once per call: the unembedding rows drafts are chosen from (all of them, or the draft vocabulary)
         self.draft_weight, self.draft_ids = model.draft_unembedding()
         self.scores = [] if keep_scores else None
@@ -143,85 +206,177 @@ class _Decoder:
         self.stats = MultiTokenStats(num_predict_heads, verified=True,
                                      head_proposed=[0] * (self.k - 1), head_accepted=[0] * (self.k - 1))
 
+    @property
+    def batch_size(self):
+        return len(self.rows)
+
     # --- stages -------------------------------------------------------------------------------------------------
-    def forward(self, tokens, positions, *, extend_mask=True):
-        """One trunk pass over `tokens` [1, T] at `positions` [1, T]; returns (logits [1,T,V], normed, layer input)."""
-        if self.attention_mask is not None and extend_mask:
-            self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(tokens.shape)], dim=1)
+    def forward(self, tokens, positions, new_mask=None):
+        """One trunk pass over `tokens` [B, T] at `positions` [B, T]; returns (logits [B,T,V], normed, layer input).
+        `new_mask` [B, T]: which new positions later tokens may attend to (default: all)."""
+        if new_mask is not False:
+            if new_mask is None:
+                new_mask = self.attention_mask.new_ones(tokens.shape)
+            self.attention_mask = torch.cat([self.attention_mask, new_mask.to(self.attention_mask.dtype)], dim=1)
         normed, layer_input, _ = self.model._trunk_forward(
             tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
         )
         self.stats.forward_passes += 1
         return self.model.lm_head(normed), normed, layer_input
 
-    def base_choices(self, logits, drafts):
-        """Greedy choice of the base model at each block position, after the logits processors, as plain greedy.
+    def processed_scores(self, row, logits, drafts):
+        """Row `row`'s scores at each block position after the logits processors (and warpers), as plain decoding
+        computes them. logits: [T, V]; drafts: [T-1] (the block's tokens after the first). Returns [T, V]."""
+        processors = self.logits_processor[row]
+        if len(processors) == 0:
+            return logits
+        scores = logits.float().clone()
+        for j in range(logits.shape[0]):
+            prefix = torch.cat([self.rows[row], drafts[:j]])[None]
+            scores[j] = processors(prefix, scores[j : j + 1])[0]
+        return scores
 
-        logits: [1, T, V]; drafts: [1, T-1] (the block's tokens after the first). Returns (tokens [1, T], scores).
+    def accept(self, row, logits, drafts, draft_probs):
         """
-        if len(self.logits_processor) == 0:
-            return logits.argmax(-1), logits
-        scores = logits.clone().float()
-        for j in range(logits.shape[1]):
-            prefix = torch.cat([self.sequence, drafts[:, :j]], dim=1)
-            scores[:, j] = self.logits_processor(prefix, scores[:, j])
-        return scores.argmax(-1), scores
+        Tokens row `row` keeps from one verify pass: accepted drafts, then one token of the base model's own.
 
-    def emit(self, tokens, scores=None, logits=None):
-        """Append tokens one at a time, checking the stopping criteria after each. Returns True when stopped."""
-        for j in range(tokens.shape[1]):
-            token = tokens[:, j : j + 1]
-            self.sequence = torch.cat([self.sequence, token], dim=1)
+        logits: [1 + d, V] over [last token, drafts]; drafts: [d]; draft_probs: [d, V] (sampling) or None.
+        Returns (tokens [n + 1], scores [n + 1, V], n accepted drafts).
+        """
+        scores = self.processed_scores(row, logits, drafts)
+        d = drafts.shape[0]
+        if not self.do_sample:
+            choices = scores.argmax(-1)
+            n = int((drafts == choices[:d]).int().cumprod(0).sum()) if d else 0
+            return torch.cat([drafts[:n], choices[n : n + 1]]), scores[: n + 1], n
+        probs = torch.softmax(scores.float(), dim=-1)
+        for j in range(d):
+            token = drafts[j]
+            p, q = probs[j, token], draft_probs[j, token]
+            if torch.rand((), device=probs.device) * q < p:  # kept with probability min(1, p / q)
+                continue
+            residual = (probs[j] - draft_probs[j]).clamp_min(0)
+            if residual.sum() <= 0:  # p <= q everywhere means p == q: a rejection had probability 0
+                residual = probs[j]
+            replacement = torch.multinomial(residual / residual.sum(), 1)
+            return torch.cat([drafts[:j], replacement]), scores[: j + 1], j
+        return torch.cat([drafts, torch.multinomial(probs[d], 1)]), scores, d
+
+    def emit(self, row, tokens, scores=None, logits=None):
+        """Append tokens to row `row` one at a time, checking the stopping criteria after each. Returns the number
+        appended (fewer than given when the row stopped)."""
+        for j in range(tokens.shape[0]):
+            token = tokens[j : j + 1]
+            self.rows[row] = torch.cat([self.rows[row], token])
             self.stats.new_tokens += 1
             if self.scores is not None:
-                self.scores.append(scores[:, j])
-                self.raw_logits.append(logits[:, j])
+                self.scores.append(scores[j : j + 1])
+                self.raw_logits.append(logits[j : j + 1])
             if self.streamer is not None:
-                self.streamer.put(token[0].cpu())
-            if self.stopping_criteria(self.sequence, tuple(self.scores) if self.scores is not None else None).all():
-                return True
-        return False
+                self.streamer.put(token.cpu())
+            stop = self.stopping_criteria(self.rows[row][None], tuple(self.scores) if self.scores is not None else None)
+            if stop.all():
+                self.unfinished[row] = False
+                return j + 1
+        return tokens.shape[0]
 
     def roll_back(self, keep):
-        """Crop the KV cache (and mask) to its first `keep` positions; `crop(-n)` removes n tokens."""
+        """Crop the KV cache, the heads' own caches and the mask to their first `keep` positions."""
         self.cache.crop(keep - self.cache.get_seq_length())
-        if self.attention_mask is not None:
-            self.attention_mask = self.attention_mask[:, :keep]
+        if self.head_past is not None:
+            self.head_past = [(k[:, :, :keep], v[:, :, :keep]) for k, v in self.head_past]
+        self.attention_mask = self.attention_mask[:, :keep]
 
-    def draft(self, normed, layer_input, next_tokens, positions, num_drafts):
-        """
-        Drafts for the tokens after `next_tokens[:, -1]`, from the heads at the last accepted position.
+    def num_drafts(self, row, max_length):
+        return max(0, min(self.k - 1, max_length - self.rows[row].shape[0] - 1)) if self.unfinished[row] else 0
 
-        normed / layer_input: [1, m, H] at the m newly accepted positions; next_tokens, positions: [1, m].
-        Returns [1, num_drafts]. Drafting costs the heads plus one unembedding multiply over num_drafts rows (3 ms for
-        3 rows of the full 49K vocabulary on a 2-core CPU; about 0.5 ms with an 8K draft vocabulary). A separate
-        multiply costs about what folding the draft rows into the verify multiply would, and unlike it also serves
-        heads that read the next token, which is known only after verification.
+    def draft(self, normed, layer_input, next_tokens, positions, last, max_length):
         """
-        if num_drafts == 0:
-            return next_tokens.new_empty((1, 0))
+        Each row's drafts for the tokens after `next_tokens[i, last[i]]`, from the heads at position `last[i]`.
+
+        normed / layer_input: [B, T, H] at the block's positions; next_tokens, positions: [B, T] (the token after each
+        position, and its position); last: [B] index of each row's last accepted position (positions after it are
+        masked out). Returns (list of [d_i] drafts, list of [d_i, V] draft distributions or None when greedy).
+
+        Drafting costs the heads plus one unembedding multiply over the drafted rows (3 ms for 3 rows of the full 49K
+        vocabulary on a 2-core CPU; about 0.5 ms with an 8K draft vocabulary). A separate multiply costs about what
+        folding the draft rows into the verify multiply would, and unlike it also serves heads that read the next
+        token, which is known only after verification.
+        """
+        counts = [self.num_drafts(i, max_length) for i in range(self.batch_size)]
+        width = max(counts)
+        if width == 0:
+            return [next_tokens.new_empty(0) for _ in counts], None
         model = self.model
+        rows = torch.arange(self.batch_size, device=normed.device)
+
+        def at_last(x):  # [B, T, ...] -> [B, 1, ...] at each row's last accepted position
+            return x[rows, last][:, None] if x is not None else None
+
         base_kv = head_past = None
-        if model.uses_layer_input and model.config.head_share_kv:
-            last = self.cache.layers[-1]
-            base_kv = (last.keys, last.values)
-            layer_input, next_tokens, positions = layer_input[:, -1:], next_tokens[:, -1:], positions[:, -1:]
-        elif model.uses_layer_input:
+        if model.uses_layer_input and not model.config.head_share_kv:
+            # own-kv heads see every block position (the rejected ones are masked out and cropped with the cache)
             head_past = self.head_past
+        else:
+            normed, layer_input, next_tokens, positions = map(at_last, (normed, layer_input, next_tokens, positions))
+            if model.uses_layer_input:
+                last_layer = self.cache.layers[-1]
+                base_kv = (last_layer.keys, last_layer.values)
         states, new_kv = model._head_states(
-            normed=normed[:, -1:], layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
-            key_padding_mask=self.attention_mask, base_kv=base_kv, head_past=head_past, num_heads=num_drafts + 1,
+            normed=normed, layer_input=layer_input,
+            next_token_ids=next_tokens, position_ids=positions, key_padding_mask=self.attention_mask,
+            base_kv=base_kv, head_past=head_past, num_heads=width + 1,
         )
         if new_kv is not None:
-            # Heads beyond num_drafts were skipped; their caches are stale, but num_drafts only shrinks near the end
-            # of the budget, so they are never read again.
+            # Heads beyond `width` were skipped; their caches are stale, but the width only shrinks near the end of
+            # the budget or under the confidence threshold, which never re-extends a row past what was verified.
             self.head_past = list(new_kv) + (self.head_past or [])[len(new_kv):]
-        # states: [1, m', num_drafts, H] -> drafts of the last position: [1, num_drafts]
-        choice = (states[:, -1] @ self.draft_weight.T).argmax(-1)
-        return choice if self.draft_ids is None else self.draft_ids[choice]
+        if states.shape[1] != 1:
+            states = at_last(states)
+        logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
+        drafts, distributions = [], [] if self.do_sample else None
+        for i, count in enumerate(counts):
+            if self.draft_threshold > 0 and count:
+                confident = torch.softmax(logits[i, :count].float(), -1).amax(-1) >= self.draft_threshold
+                count = int(confident.int().cumprod(0).sum())
+            if self.do_sample:
+                row_drafts, probs = self.sample_drafts(i, logits[i, :count])
+                distributions.append(probs)
+            else:
+                row_drafts = logits[i, :count].argmax(-1)
+                if self.draft_ids is not None:
+                    row_drafts = self.draft_ids[row_drafts]
+            drafts.append(row_drafts)
+        return drafts, distributions
 
-    def remaining(self, max_length):
-        return max_length - self.sequence.shape[1]
+    def sample_drafts(self, row, logits):
+        """Sample drafts from the heads' distributions, warped as the base model's are (temperature, top-k, top-p):
+        the closer q is to p, the more drafts are kept. logits: [d, V_draft]. Returns ([d] tokens, [d, V] q)."""
+        vocab = self.model.lm_head.weight.shape[0]
+        if self.draft_ids is not None:  # tokens outside the draft vocabulary have q = 0
+            full = logits.new_full((logits.shape[0], vocab), float("-inf"), dtype=torch.float32)
+            full[:, self.draft_ids] = logits.float()
+            logits = full
+        tokens, probs = [], []
+        prefix = self.rows[row]
+        for j in range(logits.shape[0]):
+            scores = logits[j : j + 1].float()
+            if len(self.logits_processor[row]):
+                scores = self.logits_processor[row](torch.cat([prefix, *tokens])[None], scores.clone())
+            q = torch.softmax(scores[0], dim=-1)
+            tokens.append(torch.multinomial(q, 1))
+            probs.append(q)
+        if not tokens:
+            return logits.new_empty(0, dtype=torch.long), logits.new_empty((0, vocab))
+        return torch.cat(tokens), torch.stack(probs)
+
+    def sequences(self):
+        """The rows as one [B, L] tensor; rows that ended early are padded, as plain `generate()` pads them."""
+        length = max(row.shape[0] for row in self.rows)
+        out = self.rows[0].new_full((self.batch_size, length), self.pad_token_id if self.pad_token_id is not None else 0)
+        for i, row in enumerate(self.rows):
+            out[i, : row.shape[0]] = row
+        return out
 
 
 def multi_token_decoding(
@@ -236,34 +391,37 @@ def multi_token_decoding(
     multi_token_streamer=None,
     num_predict_heads,
     verify=True,
+    draft_confidence_threshold=0.0,
     **model_kwargs,
 ):
-    """Greedy multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`."""
+    """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`."""
     cache = model_kwargs.pop("cache", None) or DynamicCache(config=model.config)
     attention_mask, position_ids = model_kwargs.pop("attention_mask", None), model_kwargs.pop("position_ids", None)
-    _check_supported(model, input_ids, generation_config, model_kwargs)
+    streamer = multi_token_streamer if multi_token_streamer is not None else streamer
+    _check_supported(model, input_ids, generation_config, model_kwargs, verify=verify, streamer=streamer)
     keep_scores = generation_config.return_dict_in_generate and (
         generation_config.output_scores or generation_config.output_logits
     )
     if keep_scores and not verify:
         raise ValueError("multi_token_mode='unverified' has no base-model scores for its drafted tokens; drop "
                          "output_scores / output_logits or use the verified mode.")
+    pad = generation_config._pad_token_tensor
     decoder = _Decoder(
-        model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-        streamer=multi_token_streamer if multi_token_streamer is not None else streamer,
+        model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
         num_predict_heads=num_predict_heads, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-        keep_scores=keep_scores,
+        keep_scores=keep_scores, do_sample=generation_config.do_sample,
+        pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
     )
     decoder.stats.verified = verify
-    max_length = generation_config.max_length
     step = _verified_steps if verify else _unverified_steps
-    step(decoder, input_ids, max_length)
+    step(decoder, input_ids, generation_config.max_length)
     if decoder.streamer is not None:
         decoder.streamer.end()
+    sequences = decoder.sequences()
     if not generation_config.return_dict_in_generate:
-        return decoder.sequence
+        return sequences
     return MultiTokenGenerateOutput(
-        sequences=decoder.sequence,
+        sequences=sequences,
         scores=tuple(decoder.scores) if generation_config.output_scores else None,
         logits=tuple(decoder.raw_logits) if generation_config.output_logits else None,
         cache=decoder.cache,
@@ -272,76 +430,93 @@ def multi_token_decoding(
 
 
 def _prefill(decoder, prompt, max_length):
-    """Prompt pass: emits the first token and returns (stopped, drafts)."""
+    """Prompt pass: emits each row's first token and returns its first drafts."""
     positions = decoder.prompt_positions
-    if positions is None:
-        positions = torch.arange(prompt.shape[1], device=prompt.device)[None]
-    logits, normed, layer_input = decoder.forward(prompt, positions, extend_mask=False)
-    first, scores = decoder.base_choices(logits[:, -1:], prompt.new_empty((1, 0)))
-    decoder.last_position = int(positions[0, -1])
-    if decoder.emit(first, scores, logits[:, -1:]):
-        return True, None
-    next_tokens = torch.cat([prompt[:, 1:], first], dim=1)
-    num_drafts = min(decoder.k - 1, decoder.remaining(max_length) - 1)
-    return False, decoder.draft(normed, layer_input, next_tokens, positions, num_drafts)
+    logits, normed, layer_input = decoder.forward(prompt, positions, new_mask=False)
+    no_drafts = prompt.new_empty(0)
+    first = []
+    for i in range(decoder.batch_size):
+        token, scores, _ = decoder.accept(i, logits[i, -1:], no_drafts, None)
+        decoder.emit(i, token, scores, logits[i, -1:])
+        first.append(token)
+    next_tokens = torch.cat([prompt[:, 1:], torch.stack(first)], dim=1)
+    last = torch.full((decoder.batch_size,), prompt.shape[1] - 1, device=prompt.device)
+    return decoder.draft(normed, layer_input, next_tokens, positions, last, max_length)
+
+
+def _block(decoder, drafts):
+    """[B, 1 + max d_i]: each row's last token then its drafts (padded); and the mask of its real positions."""
+    width = 1 + max(d.shape[0] for d in drafts)
+    block = decoder.rows[0].new_full((decoder.batch_size, width), decoder.pad_token_id or 0)
+    real = torch.zeros_like(block, dtype=torch.bool)
+    for i, (row, row_drafts) in enumerate(zip(decoder.rows, drafts)):
+        block[i, 0] = row[-1]
+        block[i, 1 : 1 + row_drafts.shape[0]] = row_drafts
+        real[i, : 1 + row_drafts.shape[0]] = decoder.unfinished[i]
+    return block, real
 
 
 def _verified_steps(decoder, prompt, max_length):
-    stopped, drafts = _prefill(decoder, prompt, max_length)
+    drafts, draft_probs = _prefill(decoder, prompt, max_length)
     stats = decoder.stats
-    while not stopped:
-        # verify: one trunk pass over [last token, drafts]
-        block = torch.cat([decoder.sequence[:, -1:], drafts], dim=1)  # [1, 1 + d]
-        positions = _positions(decoder, block.shape[1])
+    while any(decoder.unfinished):
+        # verify: one trunk pass over [last token, drafts] for every row
+        block, real = _block(decoder, drafts)
+        positions = decoder.last_position[:, None] + 1 + torch.arange(block.shape[1], device=block.device)
         cache_before = decoder.cache.get_seq_length()
-        logits, normed, layer_input = decoder.forward(block, positions)
-        choices, scores = decoder.base_choices(logits, drafts)  # [1, 1 + d]
-        # accept: drafts up to the first disagreement, then the base model's own token
-        d = drafts.shape[1]
-        agree = (drafts == choices[:, :d])[0].int()
-        n = int(agree.cumprod(0).sum()) if d else 0
-        for i in range(d):
-            stats.head_proposed[i] += 1
-            stats.head_accepted[i] += int(i < n)
-        stats.accepted_per_step.append(n + 1)
-        accepted = torch.cat([drafts[:, :n], choices[:, n : n + 1]], dim=1)  # [1, n + 1]
-        # emit, token by token, as plain greedy would
-        if decoder.emit(accepted, scores[:, : n + 1], logits[:, : n + 1]):
+        logits, normed, layer_input = decoder.forward(block, positions, real)
+        accepted = torch.zeros(decoder.batch_size, dtype=torch.long, device=block.device)
+        next_tokens = block.roll(-1, dims=1)  # the token after each block position, where it was kept
+        for i in range(decoder.batch_size):
+            if not real[i, 0]:
+                continue
+            d = drafts[i].shape[0]
+            # accept: the drafts the base model keeps, then a token of its own
+            tokens, scores, n = decoder.accept(i, logits[i, : d + 1], drafts[i],
+                                               draft_probs[i] if draft_probs is not None else None)
+            for j in range(d):
+                stats.head_proposed[j] += 1
+                stats.head_accepted[j] += int(j < n)
+            stats.accepted_per_step.append(n + 1)
+            accepted[i] = n
+            next_tokens[i, n] = tokens[-1]
+            # emit, token by token, as plain decoding would
+            decoder.emit(i, tokens, scores, logits[i, : n + 1])
+        if not any(decoder.unfinished):
             break
-        # roll back: the cache keeps [last token, d_1 .. d_n]; drafts d_{n+1}.. are dropped
-        decoder.roll_back(cache_before + n + 1)
-        decoder.last_position = int(positions[0, n])
-        # draft from the last accepted position; its next token is the one just emitted
-        num_drafts = min(decoder.k - 1, decoder.remaining(max_length) - 1)
-        drafts = decoder.draft(normed[:, : n + 1], layer_input[:, : n + 1] if layer_input is not None else None,
-                               accepted, positions[:, : n + 1], num_drafts)
+        # roll back: every row keeps [last token, its n accepted drafts]; positions after them are masked out
+        keep_width = int(accepted.max()) + 1
+        kept = torch.arange(block.shape[1], device=block.device)[None] <= accepted[:, None]
+        decoder.attention_mask[:, cache_before:] *= (kept & real).to(decoder.attention_mask.dtype)
+        decoder.last_position = decoder.last_position + torch.where(real[:, 0], accepted + 1, 0)
+        # draft from each row's last accepted position; its next token is the one just emitted
+        drafts, draft_probs = decoder.draft(normed, layer_input, next_tokens, positions, accepted, max_length)
+        decoder.roll_back(cache_before + keep_width)
 
 
 def _unverified_steps(decoder, prompt, max_length):
-    """The articles' mode: every draft is appended unchecked; one trunk pass per k tokens. Not greedy-identical."""
-    stopped, drafts = _prefill(decoder, prompt, max_length)
+    """The articles' mode: every draft is appended unchecked; one trunk pass per k tokens. Not greedy-identical.
+    Batch size 1, greedy only (checked by `_check_supported`)."""
+    drafts, _ = _prefill(decoder, prompt, max_length)
     stats = decoder.stats
-    while not stopped:
-        block = torch.cat([decoder.sequence[:, -1:], drafts], dim=1)
-        if decoder.emit(drafts):
+    while decoder.unfinished[0]:
+        row_drafts = drafts[0]
+        block = torch.cat([decoder.rows[0][-1:], row_drafts])[None]
+        if decoder.emit(0, row_drafts) < row_drafts.shape[0] or not decoder.unfinished[0]:
             break
-        positions = _positions(decoder, block.shape[1])
+        positions = decoder.last_position[:, None] + 1 + torch.arange(block.shape[1], device=block.device)
         logits, normed, layer_input = decoder.forward(block, positions)
-        choices, scores = decoder.base_choices(logits, drafts)
-        d = drafts.shape[1]
+        scores = decoder.processed_scores(0, logits[0], row_drafts)
+        choices = scores.argmax(-1)
+        d = row_drafts.shape[0]
         for i in range(d):  # how often the base model would have agreed, for the benchmark
             stats.head_proposed[i] += 1
-            stats.head_accepted[i] += int(bool((drafts[:, : i + 1] == choices[:, : i + 1]).all()))
-        following = choices[:, -1:]
-        if decoder.emit(following, scores[:, -1:], logits[:, -1:]):
+            stats.head_accepted[i] += int(bool((row_drafts[: i + 1] == choices[: i + 1]).all()))
+        following = choices[-1:]
+        decoder.emit(0, following, scores[-1:], logits[0, -1:])
+        if not decoder.unfinished[0]:
             break
-        decoder.last_position = int(positions[0, -1])
-        num_drafts = min(decoder.k - 1, decoder.remaining(max_length) - 1)
-        next_tokens = torch.cat([drafts, following], dim=1)
-        drafts = decoder.draft(normed, layer_input, next_tokens, positions, num_drafts)
-
-
-def _positions(decoder, length):
-    """Positions of the next `length` tokens: [1, length]."""
-    start = decoder.last_position + 1
-    return torch.arange(start, start + length, device=decoder.sequence.device)[None]
+        decoder.last_position = positions[:, -1]
+        next_tokens = torch.cat([row_drafts, following])[None]
+        last = torch.full((1,), d, device=block.device)
+        drafts, _ = decoder.draft(normed, layer_input, next_tokens, positions, last, max_length)

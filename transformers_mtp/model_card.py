@@ -8,7 +8,14 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "multi_token_model.md"
+# installed: transformers_mtp/model_cards/ (setup.py maps the repository's top-level model_cards/ there);
+# a source checkout or an editable install: the top-level model_cards/ itself
+TEMPLATE = next(
+    (path for path in (Path(__file__).resolve().parent / "model_cards" / "multi_token_model.md",
+                       Path(__file__).resolve().parent.parent / "model_cards" / "multi_token_model.md")
+     if path.exists()),
+    Path(__file__).resolve().parent.parent / "model_cards" / "multi_token_model.md",
+)
 UNTRAINED = "none yet: the heads are freshly initialised (identity maps / copies of the last layer)"
 NOT_MEASURED = "Not measured yet for this checkpoint."
 # the usage snippet's repo id in a card rendered before the Hub repo is known; `push_to_hub` fills in the real one
@@ -18,6 +25,7 @@ MODE_LABELS = {
     "verified": "verified multi-token",
     "unverified": "unverified multi-token (lossy)",
     "prompt_lookup": "transformers prompt lookup",
+    "verified_sample": "multi-token speculative sampling (vs plain sampling)",
 }
 _SUMMARY_KEYS = {"mode", "k", "kind", "prompts", "speedup", "tokens_per_forward", "exact_match_rate"}
 
@@ -89,7 +97,7 @@ def format_measurements(bench) -> str:
     and the exact-match rate against greedy, with the hardware and dtype. Plain greedy rows (1.00 by definition) are
     left out."""
     environment = bench.get("environment") or {}
-    rows = [row for row in bench["summary"] if row["mode"] != "greedy"]
+    rows = [row for row in bench["summary"] if row["mode"] not in ("greedy", "sample")]
     kinds = {row["kind"]: row["prompts"] for row in bench["summary"]
              if row["mode"] == "greedy" and row["kind"] != "all"}
     total = next((row["prompts"] for row in bench["summary"] if row["kind"] == "all"), None)
@@ -107,7 +115,7 @@ def format_measurements(bench) -> str:
         lines[0] += f" Model: {environment['model']}."
     lines += [
         "",
-        "| mode | prompts | k | tokens per forward pass | tokens/s vs plain greedy, median [min, max] "
+        "| mode | prompts | k | tokens per forward pass | tokens/s vs plain greedy (or sampling), median [min, max] "
         "| head acceptance | identical to greedy |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -116,8 +124,12 @@ def format_measurements(bench) -> str:
         spread = (f"{speedup['median']:.2f}x [{speedup['min']:.2f}, {speedup['max']:.2f}]"
                   if {"median", "min", "max"} <= speedup.keys() else "-")
         acceptance = " / ".join(f"{a:.2f}" for a in row.get("head_acceptance") or []) or "-"
-        lines.append(f"| {MODE_LABELS.get(row['mode'], row['mode'])} | {row['kind']} ({row['prompts']}) | {row['k']} "
-                     f"| {row['tokens_per_forward']:.2f} | {spread} | {acceptance} | {row['exact_match_rate']:.0%} |")
+        label = MODE_LABELS.get(row["mode"], row["mode"])
+        if row.get("threshold"):
+            label += f", draft confidence >= {row['threshold']:g}"
+        identical = "-" if row.get("exact_match_rate") is None else f"{row['exact_match_rate']:.0%}"
+        lines.append(f"| {label} | {row['kind']} ({row['prompts']}) | {row['k']} "
+                     f"| {row['tokens_per_forward']:.2f} | {spread} | {acceptance} | {identical} |")
     lines += ["", "Head acceptance is per step: head i counts only when heads 1 to i-1 were also right. The unverified "
                   "mode is not greedy-identical; read its speed next to its exact-match rate."]
     return "\n".join(lines)

@@ -18,7 +18,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
-from .generation_multi_token import MULTI_TOKEN_MODES, multi_token_decoding, resolve_num_predict_heads
+from .generation_multi_token import (
+    MULTI_TOKEN_MODES,
+    multi_token_decoding,
+    resolve_draft_confidence_threshold,
+    resolve_num_predict_heads,
+)
 from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
 
 logger = logging.get_logger(__name__)
@@ -250,26 +255,34 @@ class MultiTokenPredictionMixin:
         )
 
     # --- generation ---------------------------------------------------------------------------------------------
-    def generate(self, *args, multi_token_mode=False, num_predict_heads=None, **kwargs):
+    def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
+                 **kwargs):
         r"""
-        `generate()` of the base model, plus the multi-token greedy mode:
+        `generate()` of the base model, plus multi-token decoding:
 
         - `multi_token_mode=True` (or `"verified"`): heads draft `num_predict_heads - 1` tokens, the base model verifies
-          them in its next forward pass and keeps the longest agreeing prefix. The output is token-for-token the
-          output of `generate(do_sample=False)`.
+          them in its next forward pass. Greedy (`do_sample=False`): the longest agreeing prefix is kept, and the
+          output is token-for-token the output of `generate(do_sample=False)`. Sampling (`do_sample=True`, with
+          temperature / top-k / top-p): speculative sampling, whose output distribution is exactly that of
+          `generate(do_sample=True)` with the same settings. Batches (left padding) are supported: each row keeps
+          its own number of drafts.
         - `multi_token_mode="unverified"`: the articles' append-every-draft mode. Faster, but its output is not the
-          greedy output; opt-in only.
+          greedy output; opt-in only, greedy, batch size 1.
         - `num_predict_heads` (defaults to `generation_config.num_predict_heads`, else `config.num_heads`): tokens
           proposed per forward pass, at most `config.num_heads`.
+        - `draft_confidence_threshold` (defaults to `generation_config.draft_confidence_threshold`, else 0): a row's
+          drafts stop at the first one whose head gives its top token less than this probability (adaptive draft
+          length; a verify pass over fewer tokens is cheaper).
+        - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
         forward pass, per-head acceptance).
         """
         if not multi_token_mode:
-            if num_predict_heads is not None:
-                raise ValueError(
-                    f"num_predict_heads={num_predict_heads} only applies with multi_token_mode=True; pass both or neither."
-                )
+            for name, value in (("num_predict_heads", num_predict_heads),
+                                ("draft_confidence_threshold", draft_confidence_threshold)):
+                if value is not None:
+                    raise ValueError(f"{name}={value} only applies with multi_token_mode=True; pass both or neither.")
             return super().generate(*args, **kwargs)
         if multi_token_mode is True:
             multi_token_mode = "verified"
@@ -280,12 +293,16 @@ class MultiTokenPredictionMixin:
         if kwargs.get("custom_generate") is not None or kwargs.get("assistant_model") is not None:
             raise ValueError("multi_token_mode cannot be combined with custom_generate or assistant_model.")
         num_predict_heads = resolve_num_predict_heads(self, num_predict_heads, kwargs.get("generation_config"))
+        draft_confidence_threshold = resolve_draft_confidence_threshold(
+            self, draft_confidence_threshold, kwargs.get("generation_config")
+        )
         # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
         # streamer is bound here and stop strings are turned into their stopping criterion here (the same
         # `StopStringCriteria` that `generate()` would build).
         decoding = partial(
             multi_token_decoding, multi_token_streamer=kwargs.get("streamer"),
             num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
+            draft_confidence_threshold=draft_confidence_threshold,
         )
         _move_stop_strings_into_criteria(self, kwargs)
         return super().generate(*args, custom_generate=decoding, **kwargs)
