@@ -18,10 +18,12 @@ def test_benchmark_measures_every_mode_against_greedy(tmp_path):
     prompts = [{"id": f"p{i}", "kind": "code" if i % 2 else "chat",
                 "input_ids": torch.randint(3, VOCAB, (1, 5 + i), generator=torch.Generator().manual_seed(i))}
                for i in range(4)]
-    result = run_benchmark(model, prompts, ks=[2, 4], thresholds=[0.0, 0.02], max_new_tokens=16, progress=False)
+    result = run_benchmark(model, prompts, ks=[2, 4], thresholds=[0.0, 0.02], lookups=[0, 2], max_new_tokens=16,
+                           progress=False)
     records = result["records"]
-    # greedy + sample, then per k: verified x 2 thresholds, unverified, prompt lookup, verified sampling x 2
-    assert len(records) == 4 * (2 + 2 * (2 + 1 + 1 + 2))
+    # greedy + sample, then per k: verified x 2 thresholds x 2 lookups, unverified, prompt lookup, verified sampling
+    # x 2 thresholds x 2 lookups
+    assert len(records) == 4 * (2 + 2 * (4 + 1 + 1 + 4))
     verified = [r for r in records if r["mode"] == "verified"]
     assert all(r["identical"] for r in verified)  # lossless, whatever the heads draft
     assert all(r["forward_passes"] >= 1 and r["seconds"] > 0 and 0 < r["ttft"] <= r["seconds"] for r in records)
@@ -35,14 +37,18 @@ def test_benchmark_measures_every_mode_against_greedy(tmp_path):
     assert greedy_row["speedup"]["median"] == 1.0 and greedy_row["exact_match_rate"] == 1.0
     assert "| verified k=4 (all) | 4 |" in markdown_table(result["summary"])
     assert "| verified k=4 t=0.02 (code) | 2 |" in markdown_table(result["summary"])
+    assert "| verified k=4 t=0.02 lookup=2 (code) | 2 |" in markdown_table(result["summary"])
     # sampling modes: compared with plain sampling, no exact-match claim
     sampled = next(s for s in result["summary"] if (s["mode"], s["k"], s["threshold"], s["kind"]) ==
-                   ("verified_sample", 4, 0.0, "all"))
+                   ("verified_sample", 4, 0.0, "all") and s["lookup"] == 0)
     assert sampled["baseline"] == "sample" and sampled["exact_match_rate"] is None
     assert all(r["identical"] is None for r in records if r["mode"] in ("sample", "verified_sample"))
     # a threshold that cuts drafts proposes fewer of them
-    proposed = {t: sum(sum(r["head_proposed"]) for r in records if (r["mode"], r["k"], r["threshold"]) ==
-                       ("verified", 4, t)) for t in (0.0, 0.02)}
+    proposed = {t: sum(sum(r["head_proposed"]) for r in records if (r["mode"], r["k"], r["threshold"], r["lookup"])
+                       == ("verified", 4, t, 0)) for t in (0.0, 0.02)}
+    # without explicit values, the model's generation config decides (convert() turns 3-gram lookup on)
+    default = run_benchmark(model, prompts[:1], modes=["verified"], max_new_tokens=4, warmup=False, progress=False)
+    assert {(r["threshold"], r["lookup"]) for r in default["records"] if r["mode"] == "verified"} == {(0.0, 3)}
     assert proposed[0.02] < proposed[0.0]
     result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=[1, 3], k=3, max_new_tokens=12,
                                               progress=False)

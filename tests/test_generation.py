@@ -300,3 +300,29 @@ def test_bad_confidence_threshold(threshold):
     model = tiny_mtp("llama")
     with pytest.raises(ValueError, match=f"draft_confidence_threshold={threshold!r} must be a probability in \\[0, 1\\)"):
         mtp(model, torch.randint(3, VOCAB, (1, 4)), max_new_tokens=5, draft_confidence_threshold=threshold)
+
+
+# --- context lookup drafts ----------------------------------------------------------------------------------------
+def test_context_continuation_takes_the_latest_longest_match():
+    from transformers_mtp.generation_multi_token import context_continuation
+
+    tokens = torch.tensor([5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2])
+    assert context_continuation(tokens, 3, 3).tolist() == [3, 7, 1]  # [1, 2] last seen before "3, 7, 1"
+    assert context_continuation(tokens, 2, 1).tolist() == [3, 7]  # unigram "2" last seen before "3, 7"
+    assert context_continuation(torch.tensor([1, 2, 3]), 2, 3).tolist() == []  # nothing repeats
+    assert context_continuation(torch.tensor([4]), 2, 3).tolist() == []
+
+
+@pytest.mark.parametrize("ngram", [1, 2, 3])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_context_lookup_drafts_stay_greedy(arch, ngram):
+    model = tiny_mtp(arch, "query_extension", num_heads=4, head_input="feature_and_token")
+    # a prompt that repeats itself, so lookups hit
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(ngram)).repeat(1, 3)
+    for threshold in (0.0, 0.5):
+        expected = greedy(model, prompt, max_new_tokens=40)
+        out = mtp(model, prompt, max_new_tokens=40, draft_lookup_ngram=ngram, draft_confidence_threshold=threshold)
+        assert torch.equal(out.sequences, expected)
+        assert sum(out.multi_token_stats.head_proposed) > 0
+    with pytest.raises(ValueError, match="draft_lookup_ngram=-1 must be an integer from 0 to 8"):
+        mtp(model, prompt, max_new_tokens=5, draft_lookup_ngram=-1)

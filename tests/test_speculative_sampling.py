@@ -65,12 +65,12 @@ def exact_distribution(model):
     return joint.reshape(-1)
 
 
-def multi_token_samples(model, num_samples, seed):
+def multi_token_samples(model, num_samples, seed, **kwargs):
     """First three new tokens of `num_samples` multi-token samples (one batched call: rows are independent)."""
     torch.manual_seed(seed)
     prompts = PROMPT.expand(num_samples, -1)
     out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=4, multi_token_mode=True,
-                         num_predict_heads=3, return_dict_in_generate=True, **SAMPLING)
+                         num_predict_heads=3, return_dict_in_generate=True, **SAMPLING, **kwargs)
     new = out.sequences[:, PROMPT.shape[1] : PROMPT.shape[1] + 3]
     return (new[:, 0] * VOCAB + new[:, 1]) * VOCAB + new[:, 2], out.multi_token_stats
 
@@ -118,6 +118,15 @@ def test_speculative_sampling_matches_plain_sampling(model_and_exact):
     # (every row's first verify pass checks 2 drafts; rows that rejected early check more in a second pass)
     assert stats.head_proposed[0] >= NUM_SAMPLES and stats.head_proposed[1] >= NUM_SAMPLES
     assert 0.05 < stats.head_acceptance[0] < 0.95 and 0.02 < stats.head_acceptance[1] < 0.95
+
+
+def test_context_lookup_drafts_keep_the_distribution(model_and_exact):
+    """Drafts copied from the context have a one-hot q: kept with probability p(d), else resampled from p without d."""
+    model, exact = model_and_exact
+    outcomes, stats = multi_token_samples(model, NUM_SAMPLES, seed=4, draft_lookup_ngram=1)
+    statistic, dof, p_value = chi_square_p_value(outcomes, exact)
+    print(f"speculative sampling with context lookup: chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    assert p_value > 1e-3
 
 
 def test_biased_variant_fails_the_test(model_and_exact, monkeypatch):

@@ -2,7 +2,8 @@
 """Side-by-side decoding benchmark, in one process, interleaved (the mode order rotates from prompt to prompt), after
 a warm-up:
 
-- greedy modes: plain greedy, verified and unverified multi-token (optionally with a draft-confidence threshold),
+- greedy modes: plain greedy, verified and unverified multi-token (optionally with a draft-confidence threshold and
+  context lookup drafts),
   and transformers' prompt-lookup decoding;
 - sampling modes: plain sampling and multi-token speculative sampling, with the same settings and seed;
 - batches: plain batched greedy against batched verified multi-token decoding at several batch sizes.
@@ -41,6 +42,7 @@ class RunRecord:
     mode: str
     k: int
     threshold: float  # draft_confidence_threshold (multi-token modes; 0 = always draft k - 1 tokens)
+    lookup: int  # draft_lookup_ngram (multi-token modes; 0 = drafts from the heads only)
     new_tokens: int
     seconds: float
     ttft: float  # seconds to the first new token
@@ -95,13 +97,15 @@ def _cache_bytes(cache):
                if t is not None)
 
 
-def generate_kwargs(mode, k, threshold=0.0):
+def generate_kwargs(mode, k, threshold=0.0, lookup=0):
     """`generate()` arguments of a benchmark mode."""
     kwargs = {"do_sample": mode in SAMPLING_MODES, **(SAMPLING if mode in SAMPLING_MODES else {})}
     if mode in ("verified", "verified_sample"):
-        kwargs.update(multi_token_mode=True, num_predict_heads=k, draft_confidence_threshold=threshold)
+        kwargs.update(multi_token_mode=True, num_predict_heads=k, draft_confidence_threshold=threshold,
+                      draft_lookup_ngram=lookup)
     elif mode == "unverified":
-        kwargs.update(multi_token_mode="unverified", num_predict_heads=k, draft_confidence_threshold=threshold)
+        kwargs.update(multi_token_mode="unverified", num_predict_heads=k, draft_confidence_threshold=threshold,
+                      draft_lookup_ngram=lookup)
     elif mode == "prompt_lookup":
         kwargs.update(prompt_lookup_num_tokens=k - 1)
     elif mode not in ("greedy", "sample"):
@@ -110,10 +114,10 @@ def generate_kwargs(mode, k, threshold=0.0):
 
 
 @torch.inference_mode()
-def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, seed=0, prompt_id="", kind=""):
+def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=0, seed=0, prompt_id="", kind=""):
     """Decode `input_ids` [1, T] in `mode` with `k` tokens per step; returns (sequences, RunRecord). Sampling modes
     draw with `torch.manual_seed(seed)`."""
-    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold))
+    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold, lookup))
     torch.manual_seed(seed)
     device = input_ids.device
     if device.type == "cuda":
@@ -137,7 +141,8 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, seed=0,
     stats = getattr(out, "multi_token_stats", None)
     record = RunRecord(
         prompt_id=prompt_id, kind=kind, mode=mode, k=1 if mode in ("greedy", "sample") else k,
-        threshold=threshold if mode in ("verified", "unverified", "verified_sample") else 0.0, new_tokens=new_tokens,
+        threshold=threshold if mode in ("verified", "unverified", "verified_sample") else 0.0,
+        lookup=lookup if mode in ("verified", "unverified", "verified_sample") else 0, new_tokens=new_tokens,
         seconds=seconds, ttft=ttft, tpot=(seconds - ttft) / max(new_tokens - 1, 1), forward_passes=counter.count,
         head_proposed=list(stats.head_proposed) if stats else [], head_accepted=list(stats.head_accepted) if stats else [],
         accepted_per_step=list(stats.accepted_per_step) if stats else [], memory_bytes=memory,
@@ -145,50 +150,57 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, seed=0,
     return out.sequences, record
 
 
-def benchmark_runs(modes, ks, thresholds=(0.0,)):
-    """(mode, k, threshold) of every measured variant, baselines first."""
-    runs = [("greedy", 1, 0.0)]
+def benchmark_runs(modes, ks, thresholds=(0.0,), lookups=(0,)):
+    """(mode, k, threshold, lookup) of every measured variant, baselines first."""
+    runs = [("greedy", 1, 0.0, 0)]
     if any(mode in SAMPLING_MODES for mode in modes):
-        runs.append(("sample", 1, 0.0))
+        runs.append(("sample", 1, 0.0, 0))
     for mode in modes:
         if mode in ("greedy", "sample"):
             continue
         for k in ks:
-            for threshold in (thresholds if mode in ("verified", "verified_sample") else (0.0,)):
-                runs.append((mode, k, threshold))
+            multi = mode in ("verified", "verified_sample")
+            for threshold in (thresholds if multi else (0.0,)):
+                for lookup in (lookups if multi else (0,)):
+                    runs.append((mode, k, threshold, lookup))
     return runs
 
 
-def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=(0.0,), max_new_tokens=128, warmup=True,
-                  progress=True):
+def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=None, lookups=None, max_new_tokens=128,
+                  warmup=True, progress=True):
     """
     prompts: dicts with `id`, `kind` and `input_ids` [1, T]. ks: tokens per step to measure for the multi-token and
     prompt-lookup modes (default: the generation config's num_predict_heads). thresholds: draft-confidence thresholds
-    of the verified modes. Returns a JSON-ready dict.
+    and lookups: context-lookup n-gram sizes of the verified modes (default: the
+    generation config's). Returns a JSON-ready dict.
     """
     default_k = getattr(model.generation_config, "num_predict_heads", None) or model.config.num_heads
     ks = list(ks or [default_k])
-    runs = benchmark_runs(modes, ks, thresholds)
+    config = model.generation_config
+    thresholds = list(thresholds or [getattr(config, "draft_confidence_threshold", None) or 0.0])
+    lookups = list(lookups or [getattr(config, "draft_lookup_ngram", None) or 0])
+    runs = benchmark_runs(modes, ks, thresholds, lookups)
     if warmup:  # one-time costs (allocator growth, kernel choice) land outside the timing
-        for mode, k, threshold in runs:
-            run_one(model, prompts[0]["input_ids"], mode=mode, k=k, threshold=threshold, max_new_tokens=8)
+        for mode, k, threshold, lookup in runs:
+            run_one(model, prompts[0]["input_ids"], mode=mode, k=k, threshold=threshold, lookup=lookup,
+                    max_new_tokens=8)
     records = []
     bar = tqdm(total=len(prompts) * len(runs), desc="bench", disable=not progress)
     for index, prompt in enumerate(prompts):
         order = runs[index % len(runs):] + runs[: index % len(runs)]  # rotate which mode runs first
         outputs = {}
-        for mode, k, threshold in order:
-            sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, threshold=threshold,
+        for mode, k, threshold, lookup in order:
+            sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, threshold=threshold, lookup=lookup,
                                         max_new_tokens=max_new_tokens, seed=index, prompt_id=prompt["id"],
                                         kind=prompt["kind"])
-            outputs[(mode, k, threshold)] = (sequences, record)
+            outputs[(mode, k, threshold, lookup)] = (sequences, record)
             bar.update()
-        greedy_sequences, greedy_record = outputs[("greedy", 1, 0.0)]
-        for (mode, k, threshold), (sequences, record) in outputs.items():
+        greedy_sequences, greedy_record = outputs[("greedy", 1, 0.0, 0)]
+        for (mode, *_), (sequences, record) in outputs.items():
             if mode not in SAMPLING_MODES:
                 record.identical = bool(torch.equal(sequences, greedy_sequences))
             records.append(record)
-        verified = [r for (m, _, _), (_, r) in outputs.items() if m == "verified"]
+        verified = [r for (m, *_), (_, r) in outputs.items() if m == "verified"]
         if verified:
             bar.set_postfix(speedup=f"{greedy_record.seconds / verified[0].seconds:.2f}x",
                             tau=f"{verified[0].tokens_per_forward:.2f}")
@@ -207,16 +219,16 @@ def summarize(records):
     groups = {}
     for record in records:
         for kind in ("all", record.kind):
-            groups.setdefault((record.mode, record.k, record.threshold, kind), []).append(record)
+            groups.setdefault((record.mode, record.k, record.threshold, record.lookup, kind), []).append(record)
     summary = []
-    for (mode, k, threshold, kind), group in sorted(groups.items(),
+    for (mode, k, threshold, lookup, kind), group in sorted(groups.items(),
                                                     key=lambda item: (MODES.index(item[0][0]), item[0][1:])):
         base = [plain[(baseline_mode(mode), r.prompt_id)] for r in group]
         proposed = [sum(r.head_proposed[i] for r in group if len(r.head_proposed) > i)
                     for i in range(max((len(r.head_proposed) for r in group), default=0))]
         accepted = [sum(r.head_accepted[i] for r in group if len(r.head_accepted) > i) for i in range(len(proposed))]
         summary.append({
-            "mode": mode, "k": k, "threshold": threshold, "kind": kind, "prompts": len(group),
+            "mode": mode, "k": k, "threshold": threshold, "lookup": lookup, "kind": kind, "prompts": len(group),
             "baseline": baseline_mode(mode),
             "tokens_per_s": statistics.median(r.new_tokens / r.seconds for r in group),
             "speedup": _spread([b.seconds / r.seconds * r.new_tokens / max(b.new_tokens, 1) for r, b in zip(group, base)]),
@@ -230,9 +242,9 @@ def summarize(records):
     return summary
 
 
-def variant_label(mode, k, threshold=0.0):
+def variant_label(mode, k, threshold=0.0, lookup=0):
     label = mode if mode in ("greedy", "sample") else f"{mode} k={k}"
-    return label + (f" t={threshold:g}" if threshold else "")
+    return label + (f" t={threshold:g}" if threshold else "") + (f" lookup={lookup}" if lookup else "")
 
 
 def markdown_table(summary):
@@ -242,7 +254,7 @@ def markdown_table(summary):
         s = row["speedup"]
         acceptance = " / ".join(f"{a:.2f}" for a in row["head_acceptance"]) or "-"
         identical = "-" if row["exact_match_rate"] is None else f"{row['exact_match_rate']:.0%}"
-        label = variant_label(row["mode"], row["k"], row.get("threshold", 0.0))
+        label = variant_label(row["mode"], row["k"], row.get("threshold", 0.0), row.get("lookup", 0))
         lines.append(
             f"| {label} ({row['kind']}) | {row['prompts']} | {s['median']:.2f}x [{s['min']:.2f}, {s['max']:.2f}] vs "
             f"{row.get('baseline', 'greedy')} | {row['ttft_ratio']:.2f} | {row['tpot_ratio']:.2f} | "
@@ -346,13 +358,13 @@ def write_report(result, output_dir, *, environment=None):
         markdown += "\n" + batched_markdown_table(result["batched"])
     (output_dir / "bench.md").write_text(markdown)
     records = result["records"]
-    key = lambda r: (r["mode"], r["k"], r.get("threshold", 0.0))  # noqa: E731
+    key = lambda r: (r["mode"], r["k"], r.get("threshold", 0.0), r.get("lookup", 0))  # noqa: E731
     multi = sorted({key(r) for r in records if r["mode"] not in ("greedy", "sample")}, key=lambda v: MODES.index(v[0]))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for variant in multi:
         row = next(s for s in result["summary"]
-                   if (s["mode"], s["k"], s.get("threshold", 0.0), s["kind"]) == (*variant, "all"))
+                   if (s["mode"], s["k"], s.get("threshold", 0.0), s.get("lookup", 0), s["kind"]) == (*variant, "all"))
         if row["head_acceptance"]:
             ax.plot(range(1, len(row["head_acceptance"]) + 1), row["head_acceptance"], marker="o",
                     label=variant_label(*variant))

@@ -221,7 +221,7 @@ def cmd_bench(args):
     num_heads = model.config.num_heads
     ks = list(range(2, num_heads + 1)) if args.k_sweep else [args.num_predict_heads] if args.num_predict_heads else None
     result = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
-                           max_new_tokens=args.max_new_tokens)
+                           lookups=args.draft_lookup_ngrams, max_new_tokens=args.max_new_tokens)
     if args.batch_sizes:
         result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
                                                   k=args.num_predict_heads, max_new_tokens=args.max_new_tokens)
@@ -330,8 +330,12 @@ def build_parser():
                        choices=["verified", "unverified", "prompt_lookup", "sample", "verified_sample"],
                        help="compared against plain greedy (sampling modes: against plain sampling, same settings "
                             "and seed)")
-    bench.add_argument("--draft-thresholds", nargs="+", type=float, default=[0.0], metavar="T",
-                       help="draft-confidence thresholds of the verified modes (0 = always draft k - 1 tokens)")
+    bench.add_argument("--draft-thresholds", nargs="+", type=float, default=None, metavar="T",
+                       help="draft-confidence thresholds of the verified modes (0 = always draft k - 1 tokens; "
+                            "default: the model's generation config)")
+    bench.add_argument("--draft-lookup-ngrams", nargs="+", type=int, default=None, metavar="N",
+                       help="context-lookup n-gram sizes of the verified modes (0 = drafts from the heads only; "
+                            "default: the model's generation config)")
     bench.add_argument("--batch-sizes", nargs="+", type=int, default=None, metavar="B",
                        help="also measure batched greedy vs batched verified decoding at these batch sizes")
     bench.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the generation config's)")

@@ -21,7 +21,8 @@ Each step (gpt-fast style, one stage per function):
     roll back: crop the KV cache to the longest row's accepted tokens; the other rows' rejected positions are
             masked out of the attention mask (rows accept different numbers of drafts)
     draft:  heads at each row's last accepted position -> its next drafts (no extra trunk pass); with
-            `draft_confidence_threshold`, a row's drafts stop at the first one the head is unsure of
+            `draft_confidence_threshold`, a row's drafts stop at the first one the head is unsure of; with
+            `draft_lookup_ngram`, tokens that followed the row's last n-gram earlier in the row come first
 
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
@@ -111,6 +112,37 @@ def resolve_draft_confidence_threshold(model, threshold, generation_config=None)
     return float(threshold)
 
 
+def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
+    """`draft_lookup_ngram`, else the generation config's, else 0 (drafts from the heads only)."""
+    if ngram is None:
+        config = generation_config if generation_config is not None else model.generation_config
+        ngram = getattr(config, "draft_lookup_ngram", None) or 0
+    if isinstance(ngram, bool) or not isinstance(ngram, int) or not 0 <= ngram <= 8:
+        raise ValueError(
+            f"draft_lookup_ngram={ngram!r} must be an integer from 0 to 8: the longest n-gram of the row's last tokens "
+            "looked up in its earlier tokens (0 turns context drafting off)."
+        )
+    return ngram
+
+
+def context_continuation(tokens, count, max_ngram):
+    """
+    Prompt-lookup drafting: the `count` tokens that followed the most recent earlier occurrence of the row's last n
+    tokens, trying n = max_ngram down to 2 (a single matching token says little). tokens: [L]. Returns [<= count].
+
+    Written here rather than reusing transformers' `PromptLookupCandidateGenerator`, which belongs to the assisted-
+    decoding loop (batch size 1, one call per step with its own stopping logic) and takes the first match in the
+    context; the latest match is the one that tends to repeat in code and lists.
+    """
+    for n in range(min(max_ngram, tokens.shape[0] - 1), min(2, max_ngram) - 1, -1):
+        windows = tokens[:-1].unfold(0, n, 1)  # every n-gram that ends before the last token
+        hits = (windows == tokens[-n:]).all(1).nonzero()
+        if hits.shape[0]:
+            start = int(hits[-1]) + n
+            return tokens[start : start + count]
+    return tokens[:0]
+
+
 def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer):
     """Combinations that would silently change the output raise instead."""
     batch_size = input_ids.shape[0]
@@ -180,7 +212,8 @@ class _Decoder:
     """State of one multi-token decoding run: a batch of rows sharing one KV cache."""
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
-                 attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold):
+                 attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold,
+                 lookup_ngram=0):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
         self.unfinished = [True] * len(self.rows)
@@ -191,6 +224,7 @@ class _Decoder:
         self.do_sample = do_sample
         self.pad_token_id = pad_token_id
         self.draft_threshold = draft_threshold
+        self.lookup_ngram = lookup_ngram
         # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
         self.attention_mask = attention_mask if attention_mask is not None else input_ids.new_ones(input_ids.shape)
         if position_ids is None:  # as generate() computes them: cumsum of the mask under padding
@@ -211,9 +245,10 @@ class _Decoder:
         return len(self.rows)
 
     # --- stages -------------------------------------------------------------------------------------------------
-    def forward(self, tokens, positions, new_mask=None):
+    def forward(self, tokens, positions, new_mask=None, last_logits_only=False):
         """One trunk pass over `tokens` [B, T] at `positions` [B, T]; returns (logits [B,T,V], normed, layer input).
-        `new_mask` [B, T]: which new positions later tokens may attend to (default: all)."""
+        `new_mask` [B, T]: which new positions later tokens may attend to (default: all). `last_logits_only`: logits
+        of the last position only ([B, 1, V]), as transformers' prefill computes them (`logits_to_keep=1`)."""
         if new_mask is not False:
             if new_mask is None:
                 new_mask = self.attention_mask.new_ones(tokens.shape)
@@ -222,7 +257,7 @@ class _Decoder:
             tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
         )
         self.stats.forward_passes += 1
-        return self.model.lm_head(normed), normed, layer_input
+        return self.model.lm_head(normed[:, -1:] if last_logits_only else normed), normed, layer_input
 
     def processed_scores(self, row, logits, drafts):
         """Row `row`'s scores at each block position after the logits processors (and warpers), as plain decoding
@@ -336,22 +371,28 @@ class _Decoder:
         logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
         drafts, distributions = [], [] if self.do_sample else None
         for i, count in enumerate(counts):
+            # tokens that followed the same n-gram earlier in the row come first; the heads draft the rest
+            from_context = context_continuation(self.rows[i], count, self.lookup_ngram) if self.lookup_ngram and \
+                count else self.rows[i][:0]
             if self.draft_threshold > 0 and count:
                 confident = torch.softmax(logits[i, :count].float(), -1).amax(-1) >= self.draft_threshold
                 count = int(confident.int().cumprod(0).sum())
+            count = max(count, from_context.shape[0])
             if self.do_sample:
-                row_drafts, probs = self.sample_drafts(i, logits[i, :count])
+                row_drafts, probs = self.sample_drafts(i, logits[i, :count], from_context)
                 distributions.append(probs)
             else:
-                row_drafts = logits[i, :count].argmax(-1)
+                row_drafts = logits[i, from_context.shape[0] : count].argmax(-1)
                 if self.draft_ids is not None:
                     row_drafts = self.draft_ids[row_drafts]
+                row_drafts = torch.cat([from_context, row_drafts])
             drafts.append(row_drafts)
         return drafts, distributions
 
-    def sample_drafts(self, row, logits):
+    def sample_drafts(self, row, logits, given):
         """Sample drafts from the heads' distributions, warped as the base model's are (temperature, top-k, top-p):
-        the closer q is to p, the more drafts are kept. logits: [d, V_draft]. Returns ([d] tokens, [d, V] q)."""
+        the closer q is to p, the more drafts are kept. logits: [d, V_draft]; given: the first drafts, already chosen
+        (from the context), whose q is one-hot. Returns ([d] tokens, [d, V] q)."""
         vocab = self.model.lm_head.weight.shape[0]
         if self.draft_ids is not None:  # tokens outside the draft vocabulary have q = 0
             full = logits.new_full((logits.shape[0], vocab), float("-inf"), dtype=torch.float32)
@@ -360,6 +401,10 @@ class _Decoder:
         tokens, probs = [], []
         prefix = self.rows[row]
         for j in range(logits.shape[0]):
+            if j < given.shape[0]:
+                tokens.append(given[j : j + 1])
+                probs.append(torch.nn.functional.one_hot(given[j], vocab).float())
+                continue
             scores = logits[j : j + 1].float()
             if len(self.logits_processor[row]):
                 scores = self.logits_processor[row](torch.cat([prefix, *tokens])[None], scores.clone())
@@ -392,6 +437,7 @@ def multi_token_decoding(
     num_predict_heads,
     verify=True,
     draft_confidence_threshold=0.0,
+    draft_lookup_ngram=0,
     **model_kwargs,
 ):
     """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`."""
@@ -411,6 +457,7 @@ def multi_token_decoding(
         num_predict_heads=num_predict_heads, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
         keep_scores=keep_scores, do_sample=generation_config.do_sample,
         pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
+        lookup_ngram=draft_lookup_ngram,
     )
     decoder.stats.verified = verify
     step = _verified_steps if verify else _unverified_steps
@@ -432,7 +479,7 @@ def multi_token_decoding(
 def _prefill(decoder, prompt, max_length):
     """Prompt pass: emits each row's first token and returns its first drafts."""
     positions = decoder.prompt_positions
-    logits, normed, layer_input = decoder.forward(prompt, positions, new_mask=False)
+    logits, normed, layer_input = decoder.forward(prompt, positions, new_mask=False, last_logits_only=True)
     no_drafts = prompt.new_empty(0)
     first = []
     for i in range(decoder.batch_size):

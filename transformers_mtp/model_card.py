@@ -127,6 +127,8 @@ def format_measurements(bench) -> str:
         label = MODE_LABELS.get(row["mode"], row["mode"])
         if row.get("threshold"):
             label += f", draft confidence >= {row['threshold']:g}"
+        if row.get("lookup"):
+            label += f", context lookup up to {row['lookup']}-grams"
         identical = "-" if row.get("exact_match_rate") is None else f"{row['exact_match_rate']:.0%}"
         lines.append(f"| {label} | {row['kind']} ({row['prompts']}) | {row['k']} "
                      f"| {row['tokens_per_forward']:.2f} | {spread} | {acceptance} | {identical} |")

@@ -22,6 +22,7 @@ from .generation_multi_token import (
     MULTI_TOKEN_MODES,
     multi_token_decoding,
     resolve_draft_confidence_threshold,
+    resolve_draft_lookup_ngram,
     resolve_num_predict_heads,
 )
 from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
@@ -256,7 +257,7 @@ class MultiTokenPredictionMixin:
 
     # --- generation ---------------------------------------------------------------------------------------------
     def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
-                 **kwargs):
+                 draft_lookup_ngram=None, **kwargs):
         r"""
         `generate()` of the base model, plus multi-token decoding:
 
@@ -273,6 +274,9 @@ class MultiTokenPredictionMixin:
         - `draft_confidence_threshold` (defaults to `generation_config.draft_confidence_threshold`, else 0): a row's
           drafts stop at the first one whose head gives its top token less than this probability (adaptive draft
           length; a verify pass over fewer tokens is cheaper).
+        - `draft_lookup_ngram` (defaults to `generation_config.draft_lookup_ngram`, else 0): when the row's last n
+          tokens (n from this value down to 2) occurred earlier in the row, the tokens that followed them are drafted
+          first and the heads draft the rest (prompt lookup, folded into the same verify pass).
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
@@ -280,7 +284,8 @@ class MultiTokenPredictionMixin:
         """
         if not multi_token_mode:
             for name, value in (("num_predict_heads", num_predict_heads),
-                                ("draft_confidence_threshold", draft_confidence_threshold)):
+                                ("draft_confidence_threshold", draft_confidence_threshold),
+                                ("draft_lookup_ngram", draft_lookup_ngram)):
                 if value is not None:
                     raise ValueError(f"{name}={value} only applies with multi_token_mode=True; pass both or neither.")
             return super().generate(*args, **kwargs)
@@ -296,13 +301,14 @@ class MultiTokenPredictionMixin:
         draft_confidence_threshold = resolve_draft_confidence_threshold(
             self, draft_confidence_threshold, kwargs.get("generation_config")
         )
+        draft_lookup_ngram = resolve_draft_lookup_ngram(self, draft_lookup_ngram, kwargs.get("generation_config"))
         # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
         # streamer is bound here and stop strings are turned into their stopping criterion here (the same
         # `StopStringCriteria` that `generate()` would build).
         decoding = partial(
             multi_token_decoding, multi_token_streamer=kwargs.get("streamer"),
             num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
-            draft_confidence_threshold=draft_confidence_threshold,
+            draft_confidence_threshold=draft_confidence_threshold, draft_lookup_ngram=draft_lookup_ngram,
         )
         _move_stop_strings_into_criteria(self, kwargs)
         return super().generate(*args, custom_generate=decoding, **kwargs)
