@@ -9,10 +9,16 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    # model_cards/ (the card templates) sits at the top level of the repository and is installed inside the package
-    packages=find_packages(include=["transformers_mtp", "transformers_mtp.*"]) + ["transformers_mtp.model_cards"],
-    package_dir={"transformers_mtp.model_cards": "model_cards"},
-    package_data={"transformers_mtp": ["bench_prompts.jsonl", "default_heads/*"], "transformers_mtp.model_cards": ["*.md"]},
+    # model_cards/ (card templates) and configuration/ (presets) sit at the top level of the repository and are
+    # installed inside the package
+    packages=find_packages(include=["transformers_mtp", "transformers_mtp.*"])
+    + ["transformers_mtp.model_cards", "transformers_mtp.configuration"],
+    package_dir={"transformers_mtp.model_cards": "model_cards", "transformers_mtp.configuration": "configuration"},
+    package_data={
+        "transformers_mtp": ["bench_prompts.jsonl", "default_heads/*"],
+        "transformers_mtp.model_cards": ["*.md"],
+        "transformers_mtp.configuration": ["*.yaml"],
+    },
     python_requires=">=3.10",
     # Ranges we test: torch 2.13, transformers 5.24, peft 0.21, huggingface_hub 2.4, safetensors 0.8 (CPU).
     install_requires=[

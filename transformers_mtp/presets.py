@@ -12,7 +12,11 @@ TRAIN_DATA_KEYS = ("data", "num_prompts", "max_new_tokens", "distill_batch_size"
 TRAIN_KEYS = TRAIN_DATA_KEYS + ("lora_rank", "learning_rate", "num_train_epochs", "max_steps",
                                 "per_device_train_batch_size", "gradient_accumulation_steps", "warmup_ratio",
                                 "eval_fraction", "eval_steps", "save_steps", "logging_steps", "seed", "bf16")
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configuration"  # the repository's configuration/ folder
+# installed: transformers_mtp/configuration/ (setup.py maps the repository's configuration/ there); a source checkout
+# or an editable install: the repository's configuration/ itself
+PRESET_DIR = next((path for path in (Path(__file__).resolve().parent / "configuration",
+                                     Path(__file__).resolve().parent.parent / "configuration") if path.is_dir()),
+                  Path(__file__).resolve().parent.parent / "configuration")
 
 
 def load_preset(name_or_path) -> dict:
