@@ -309,6 +309,8 @@ def test_context_continuation_takes_the_latest_longest_match():
     tokens = torch.tensor([5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2])
     assert context_continuation(tokens, 3, 3).tolist() == [3, 7, 1]  # [1, 2] last seen before "3, 7, 1"
     assert context_continuation(tokens, 2, 1).tolist() == [3, 7]  # unigram "2" last seen before "3, 7"
+    loop = torch.tensor([4, 9, 9, 9, 9])  # the latest "9, 9" has one token after it; the earliest has two
+    assert context_continuation(loop, 2, 2).tolist() == [9, 9] and context_continuation(loop, 1, 2).tolist() == [9]
     assert context_continuation(torch.tensor([1, 2, 3]), 2, 3).tolist() == []  # nothing repeats
     assert context_continuation(torch.tensor([4]), 2, 3).tolist() == []
 
@@ -324,5 +326,13 @@ def test_context_lookup_drafts_stay_greedy(arch, ngram):
         out = mtp(model, prompt, max_new_tokens=40, draft_lookup_ngram=ngram, draft_confidence_threshold=threshold)
         assert torch.equal(out.sequences, expected)
         assert sum(out.multi_token_stats.head_proposed) > 0
+    # a step may copy more tokens from the context than the heads draft
+    expected = greedy(model, prompt, max_new_tokens=40)
+    out = mtp(model, prompt, max_new_tokens=40, num_predict_heads=2, draft_lookup_ngram=ngram, draft_lookup_num_tokens=6)
+    assert torch.equal(out.sequences, expected)
+    stats = out.multi_token_stats
+    assert len(stats.head_proposed) == 6 and sum(stats.head_proposed[1:]) > 0 and max(stats.accepted_per_step) > 2
     with pytest.raises(ValueError, match="draft_lookup_ngram=-1 must be an integer from 0 to 8"):
         mtp(model, prompt, max_new_tokens=5, draft_lookup_ngram=-1)
+    with pytest.raises(ValueError, match="draft_lookup_num_tokens=40 must be an integer from 0 to 32"):
+        mtp(model, prompt, max_new_tokens=5, draft_lookup_num_tokens=40)

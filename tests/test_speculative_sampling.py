@@ -123,7 +123,7 @@ def test_speculative_sampling_matches_plain_sampling(model_and_exact):
 def test_context_lookup_drafts_keep_the_distribution(model_and_exact):
     """Drafts copied from the context have a one-hot q: kept with probability p(d), else resampled from p without d."""
     model, exact = model_and_exact
-    outcomes, stats = multi_token_samples(model, NUM_SAMPLES, seed=4, draft_lookup_ngram=1)
+    outcomes, stats = multi_token_samples(model, NUM_SAMPLES, seed=4, draft_lookup_ngram=1, draft_lookup_num_tokens=3)
     statistic, dof, p_value = chi_square_p_value(outcomes, exact)
     print(f"speculative sampling with context lookup: chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
     assert p_value > 1e-3

@@ -125,10 +125,24 @@ def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
     return ngram
 
 
+def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, generation_config=None):
+    """`draft_lookup_num_tokens`, else the generation config's, else num_predict_heads - 1 (as many as the heads)."""
+    if num_tokens is None:
+        config = generation_config if generation_config is not None else model.generation_config
+        num_tokens = getattr(config, "draft_lookup_num_tokens", None) or num_predict_heads - 1
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= 32:
+        raise ValueError(
+            f"draft_lookup_num_tokens={num_tokens!r} must be an integer from 0 to 32: the most drafts a step copies "
+            "from the context when its last n-gram occurred earlier."
+        )
+    return num_tokens
+
+
 def context_continuation(tokens, count, max_ngram):
     """
     Prompt-lookup drafting: the `count` tokens that followed the most recent earlier occurrence of the row's last n
-    tokens, trying n = max_ngram down to 2 (a single matching token says little). tokens: [L]. Returns [<= count].
+    tokens with `count` tokens after it (else the earliest occurrence), trying n = max_ngram down to 2 (a single
+    matching token says little). tokens: [L]. Returns [<= count].
 
     Written here rather than reusing transformers' `PromptLookupCandidateGenerator`, which belongs to the assisted-
     decoding loop (batch size 1, one call per step with its own stopping logic) and takes the first match in the
@@ -136,9 +150,11 @@ def context_continuation(tokens, count, max_ngram):
     """
     for n in range(min(max_ngram, tokens.shape[0] - 1), min(2, max_ngram) - 1, -1):
         windows = tokens[:-1].unfold(0, n, 1)  # every n-gram that ends before the last token
-        hits = (windows == tokens[-n:]).all(1).nonzero()
-        if hits.shape[0]:
-            start = int(hits[-1]) + n
+        starts = (windows == tokens[-n:]).all(1).nonzero()[:, 0] + n
+        if starts.shape[0]:
+            # the latest match that has `count` tokens after it; else the earliest, which has the most
+            full = starts[tokens.shape[0] - starts >= count]
+            start = int(full[-1]) if full.shape[0] else int(starts[0])
             return tokens[start : start + count]
     return tokens[:0]
 
@@ -213,7 +229,7 @@ class _Decoder:
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
                  attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold,
-                 lookup_ngram=0):
+                 lookup_ngram=0, lookup_num_tokens=0):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
         self.unfinished = [True] * len(self.rows)
@@ -225,6 +241,7 @@ class _Decoder:
         self.pad_token_id = pad_token_id
         self.draft_threshold = draft_threshold
         self.lookup_ngram = lookup_ngram
+        self.lookup_num_tokens = lookup_num_tokens if lookup_ngram else 0
         # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
         self.attention_mask = attention_mask if attention_mask is not None else input_ids.new_ones(input_ids.shape)
         if position_ids is None:  # as generate() computes them: cumsum of the mask under padding
@@ -237,8 +254,9 @@ class _Decoder:
         self.draft_weight, self.draft_ids = model.draft_unembedding()
         self.scores = [] if keep_scores else None
         self.raw_logits = [] if keep_scores else None
+        max_drafts = max(self.k - 1, self.lookup_num_tokens)  # drafts copied from the context may outnumber heads
         self.stats = MultiTokenStats(num_predict_heads, verified=True,
-                                     head_proposed=[0] * (self.k - 1), head_accepted=[0] * (self.k - 1))
+                                     head_proposed=[0] * max_drafts, head_accepted=[0] * max_drafts)
 
     @property
     def batch_size(self):
@@ -322,8 +340,10 @@ class _Decoder:
             self.head_past = [(k[:, :, :keep], v[:, :, :keep]) for k, v in self.head_past]
         self.attention_mask = self.attention_mask[:, :keep]
 
-    def num_drafts(self, row, max_length):
-        return max(0, min(self.k - 1, max_length - self.rows[row].shape[0] - 1)) if self.unfinished[row] else 0
+    def num_drafts(self, row, max_length, limit=None):
+        """Drafts row `row` may send: at most `limit` (default k - 1), and none past `max_length`."""
+        limit = self.k - 1 if limit is None else limit
+        return max(0, min(limit, max_length - self.rows[row].shape[0] - 1)) if self.unfinished[row] else 0
 
     def draft(self, normed, layer_input, next_tokens, positions, last, max_length):
         """
@@ -339,6 +359,10 @@ class _Decoder:
         token, which is known only after verification.
         """
         counts = [self.num_drafts(i, max_length) for i in range(self.batch_size)]
+        # tokens that followed the row's last n-gram earlier in the row come first; the heads draft the rest
+        contexts = [context_continuation(self.rows[i], self.num_drafts(i, max_length, self.lookup_num_tokens),
+                                         self.lookup_ngram) if self.lookup_num_tokens and counts[i]
+                    else self.rows[i][:0] for i in range(self.batch_size)]
         width = max(counts)
         if width == 0:
             return [next_tokens.new_empty(0) for _ in counts], None
@@ -370,16 +394,13 @@ class _Decoder:
             states = at_last(states)
         logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
         drafts, distributions = [], [] if self.do_sample else None
-        for i, count in enumerate(counts):
-            # tokens that followed the same n-gram earlier in the row come first; the heads draft the rest
-            from_context = context_continuation(self.rows[i], count, self.lookup_ngram) if self.lookup_ngram and \
-                count else self.rows[i][:0]
+        for i, (count, from_context) in enumerate(zip(counts, contexts)):
             if self.draft_threshold > 0 and count:
                 confident = torch.softmax(logits[i, :count].float(), -1).amax(-1) >= self.draft_threshold
                 count = int(confident.int().cumprod(0).sum())
             count = max(count, from_context.shape[0])
             if self.do_sample:
-                row_drafts, probs = self.sample_drafts(i, logits[i, :count], from_context)
+                row_drafts, probs = self.sample_drafts(i, logits[i], count, from_context)
                 distributions.append(probs)
             else:
                 row_drafts = logits[i, from_context.shape[0] : count].argmax(-1)
@@ -389,10 +410,10 @@ class _Decoder:
             drafts.append(row_drafts)
         return drafts, distributions
 
-    def sample_drafts(self, row, logits, given):
-        """Sample drafts from the heads' distributions, warped as the base model's are (temperature, top-k, top-p):
-        the closer q is to p, the more drafts are kept. logits: [d, V_draft]; given: the first drafts, already chosen
-        (from the context), whose q is one-hot. Returns ([d] tokens, [d, V] q)."""
+    def sample_drafts(self, row, logits, count, given):
+        """Sample `count` drafts, the first ones `given` (copied from the context, so their q is one-hot), the rest
+        from the heads' distributions, warped as the base model's are (temperature, top-k, top-p): the closer q is to
+        p, the more drafts are kept. logits: [width, V_draft]. Returns ([count] tokens, [count, V] q)."""
         vocab = self.model.lm_head.weight.shape[0]
         if self.draft_ids is not None:  # tokens outside the draft vocabulary have q = 0
             full = logits.new_full((logits.shape[0], vocab), float("-inf"), dtype=torch.float32)
@@ -400,7 +421,7 @@ class _Decoder:
             logits = full
         tokens, probs = [], []
         prefix = self.rows[row]
-        for j in range(logits.shape[0]):
+        for j in range(count):
             if j < given.shape[0]:
                 tokens.append(given[j : j + 1])
                 probs.append(torch.nn.functional.one_hot(given[j], vocab).float())
@@ -438,6 +459,7 @@ def multi_token_decoding(
     verify=True,
     draft_confidence_threshold=0.0,
     draft_lookup_ngram=0,
+    draft_lookup_num_tokens=0,
     **model_kwargs,
 ):
     """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`."""
@@ -457,7 +479,7 @@ def multi_token_decoding(
         num_predict_heads=num_predict_heads, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
         keep_scores=keep_scores, do_sample=generation_config.do_sample,
         pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
-        lookup_ngram=draft_lookup_ngram,
+        lookup_ngram=draft_lookup_ngram, lookup_num_tokens=draft_lookup_num_tokens,
     )
     decoder.stats.verified = verify
     step = _verified_steps if verify else _unverified_steps

@@ -23,6 +23,7 @@ from .generation_multi_token import (
     multi_token_decoding,
     resolve_draft_confidence_threshold,
     resolve_draft_lookup_ngram,
+    resolve_draft_lookup_num_tokens,
     resolve_num_predict_heads,
 )
 from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
@@ -257,7 +258,7 @@ class MultiTokenPredictionMixin:
 
     # --- generation ---------------------------------------------------------------------------------------------
     def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
-                 draft_lookup_ngram=None, **kwargs):
+                 draft_lookup_ngram=None, draft_lookup_num_tokens=None, **kwargs):
         r"""
         `generate()` of the base model, plus multi-token decoding:
 
@@ -277,6 +278,9 @@ class MultiTokenPredictionMixin:
         - `draft_lookup_ngram` (defaults to `generation_config.draft_lookup_ngram`, else 0): when the row's last n
           tokens (n from this value down to 2) occurred earlier in the row, the tokens that followed them are drafted
           first and the heads draft the rest (prompt lookup, folded into the same verify pass).
+        - `draft_lookup_num_tokens` (defaults to `generation_config.draft_lookup_num_tokens`, else
+          `num_predict_heads - 1`): the most tokens a step copies from the context; a repeated span is often right
+          for many tokens, so it may be more than the heads draft.
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
@@ -285,7 +289,8 @@ class MultiTokenPredictionMixin:
         if not multi_token_mode:
             for name, value in (("num_predict_heads", num_predict_heads),
                                 ("draft_confidence_threshold", draft_confidence_threshold),
-                                ("draft_lookup_ngram", draft_lookup_ngram)):
+                                ("draft_lookup_ngram", draft_lookup_ngram),
+                                ("draft_lookup_num_tokens", draft_lookup_num_tokens)):
                 if value is not None:
                     raise ValueError(f"{name}={value} only applies with multi_token_mode=True; pass both or neither.")
             return super().generate(*args, **kwargs)
@@ -302,6 +307,9 @@ class MultiTokenPredictionMixin:
             self, draft_confidence_threshold, kwargs.get("generation_config")
         )
         draft_lookup_ngram = resolve_draft_lookup_ngram(self, draft_lookup_ngram, kwargs.get("generation_config"))
+        draft_lookup_num_tokens = resolve_draft_lookup_num_tokens(
+            self, draft_lookup_num_tokens, num_predict_heads, kwargs.get("generation_config")
+        )
         # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
         # streamer is bound here and stop strings are turned into their stopping criterion here (the same
         # `StopStringCriteria` that `generate()` would build).
@@ -309,6 +317,7 @@ class MultiTokenPredictionMixin:
             multi_token_decoding, multi_token_streamer=kwargs.get("streamer"),
             num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
             draft_confidence_threshold=draft_confidence_threshold, draft_lookup_ngram=draft_lookup_ngram,
+            draft_lookup_num_tokens=draft_lookup_num_tokens,
         )
         _move_stop_strings_into_criteria(self, kwargs)
         return super().generate(*args, custom_generate=decoding, **kwargs)
