@@ -84,12 +84,17 @@ class MultiTokenGenerateOutput(GenerateDecoderOnlyOutput):
     multi_token_stats: MultiTokenStats | None = None
 
 
+def _generation_config_value(model, name, generation_config=None):
+    """A multi-token setting from the generation config passed to `generate()`, else the model's (None if unset)."""
+    config = generation_config if generation_config is not None else model.generation_config
+    return getattr(config, name, None)
+
+
 def resolve_num_predict_heads(model, num_predict_heads, generation_config=None):
     """`num_predict_heads`, else the generation config's, else `config.num_heads`; checked against `num_heads`."""
     limit = model.config.num_heads
     if num_predict_heads is None:
-        config = generation_config if generation_config is not None else model.generation_config
-        num_predict_heads = getattr(config, "num_predict_heads", None) or limit
+        num_predict_heads = _generation_config_value(model, "num_predict_heads", generation_config) or limit
     if isinstance(num_predict_heads, bool) or not isinstance(num_predict_heads, int) or num_predict_heads < 1:
         raise ValueError(f"num_predict_heads={num_predict_heads!r} must be an integer from 1 to num_heads={limit}.")
     if num_predict_heads > limit:
@@ -102,8 +107,7 @@ def resolve_num_predict_heads(model, num_predict_heads, generation_config=None):
 def resolve_draft_confidence_threshold(model, threshold, generation_config=None):
     """`draft_confidence_threshold`, else the generation config's, else 0 (always draft num_predict_heads - 1)."""
     if threshold is None:
-        config = generation_config if generation_config is not None else model.generation_config
-        threshold = getattr(config, "draft_confidence_threshold", None) or 0.0
+        threshold = _generation_config_value(model, "draft_confidence_threshold", generation_config) or 0.0
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold < 1.0:
         raise ValueError(
             f"draft_confidence_threshold={threshold!r} must be a probability in [0, 1): a head's draft is kept only "
@@ -115,8 +119,7 @@ def resolve_draft_confidence_threshold(model, threshold, generation_config=None)
 def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
     """`draft_lookup_ngram`, else the generation config's, else 0 (drafts from the heads only)."""
     if ngram is None:
-        config = generation_config if generation_config is not None else model.generation_config
-        ngram = getattr(config, "draft_lookup_ngram", None) or 0
+        ngram = _generation_config_value(model, "draft_lookup_ngram", generation_config) or 0
     if isinstance(ngram, bool) or not isinstance(ngram, int) or not 0 <= ngram <= 8:
         raise ValueError(
             f"draft_lookup_ngram={ngram!r} must be an integer from 0 to 8: the longest n-gram of the row's last tokens "
@@ -128,8 +131,8 @@ def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
 def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, generation_config=None):
     """`draft_lookup_num_tokens`, else the generation config's, else num_predict_heads - 1 (as many as the heads)."""
     if num_tokens is None:
-        config = generation_config if generation_config is not None else model.generation_config
-        num_tokens = getattr(config, "draft_lookup_num_tokens", None) or num_predict_heads - 1
+        num_tokens = _generation_config_value(model, "draft_lookup_num_tokens", generation_config) \
+            or num_predict_heads - 1
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= 32:
         raise ValueError(
             f"draft_lookup_num_tokens={num_tokens!r} must be an integer from 0 to 32: the most drafts a step copies "
