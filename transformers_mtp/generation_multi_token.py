@@ -390,8 +390,8 @@ class _Decoder:
             base_kv=base_kv, head_past=head_past, num_heads=width + 1,
         )
         if new_kv is not None:
-            # Heads beyond `width` were skipped; their caches are stale, but the width only shrinks near the end of
-            # the budget or under the confidence threshold, which never re-extends a row past what was verified.
+            # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
+            # the confidence threshold or the context lookup) only shrinks near the end, so they are never read again.
             self.head_past = list(new_kv) + (self.head_past or [])[len(new_kv):]
         if states.shape[1] != 1:
             states = at_last(states)
