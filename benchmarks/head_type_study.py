@@ -27,6 +27,7 @@ HEAD_TYPES = {  # name -> convert() settings beyond the preset's
     "resblock": {"head_type": "resblock"},
     "query_extension": {"head_type": "query_extension", "head_input": "feature"},
     "query_extension+token": {"head_type": "query_extension", "head_input": "feature_and_token"},
+    "query_extension+sequential": {"head_type": "query_extension", "head_input": "sequential"},
 }
 
 
@@ -38,11 +39,15 @@ def main():
     parser.add_argument("--types", nargs="+", default=list(HEAD_TYPES), choices=list(HEAD_TYPES))
     parser.add_argument("--bench-prompts", type=int, default=8, help="benchmark prompts for the online measure")
     parser.add_argument("--k", type=int, default=3, help="tokens per step for the online measure")
+    parser.add_argument("--num-prompts", type=int, default=None, help="default: the preset's (the first prompts "
+                        "of the built-in set, so a smaller value reproduces an earlier study's data)")
     parser.add_argument("--output-dir", default="outputs/head-type-study")
     args = parser.parse_args()
 
     preset = load_preset(args.preset)
     settings = dict(preset["train"], num_train_epochs=args.epochs)
+    if args.num_prompts is not None:
+        settings["num_prompts"] = args.num_prompts
     if args.learning_rate is not None:
         settings["learning_rate"] = args.learning_rate
     head_settings = {k: v for k, v in preset.items() if k not in ("base", "train")}

@@ -26,8 +26,9 @@ HEAD_SETUPS = [
     ("query_extension", {"head_share_kv": False}),
     ("query_extension", {"head_input": "feature_and_token"}),
     ("query_extension", {"head_input": "feature_and_token", "head_share_kv": False}),
+    ("query_extension", {"head_input": "sequential"}),
 ]
-HEAD_IDS = ["linear", "resblock", "qext", "qext-ownkv", "qext-token", "qext-token-ownkv"]
+HEAD_IDS = ["linear", "resblock", "qext", "qext-ownkv", "qext-token", "qext-token-ownkv", "qext-sequential"]
 
 
 def tiny_base(arch, seed=0):

@@ -39,6 +39,25 @@ def test_plain_forward_does_not_compute_heads(arch, monkeypatch):
     assert called == []
 
 
+@pytest.mark.parametrize("head_input", ["feature_and_token", "sequential"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_teacher_forced_heads_read_known_tokens_and_never_their_target(arch, head_input):
+    """Head i at position t predicts token t + 1 + i. Teacher-forced, it may read tokens up to t + 1 (the known next
+    token) and, when chained, the tokens t + 2 .. t + i the heads before it stand for; never its own target or later.
+    A leak would let training score a head on its own answer."""
+    model = tiny_mtp(arch, "query_extension", num_heads=4, head_input=head_input)
+    ids = torch.randint(3, VOCAB, (1, 12))
+    t = 4
+    reference = model(ids, output_head_logits=True).head_logits[0, t]  # [3, V]
+    for changed in range(t + 1, ids.shape[1]):
+        other = ids.clone()
+        other[0, changed] = (ids[0, changed] + 1 - 3) % (VOCAB - 3) + 3
+        logits = model(other, output_head_logits=True).head_logits[0, t]
+        for i in (1, 2, 3):
+            reads = changed == t + 1 or (head_input == "sequential" and changed <= t + i)
+            assert torch.equal(logits[i - 1], reference[i - 1]) != reads, (changed, i)
+
+
 def hand_loss(logits, head_logits, labels, weights=None):
     """Per-head cross-entropy written out token by token."""
     per_head = []

@@ -290,6 +290,7 @@ def test_a_folder_card_is_kept_with_repo_id_and_measurements_filled_in(saved, tm
     plain = ModelCard(build_model_card(folder, repo_id="me/tiny"))
     assert plain.data.base_model == "me/base" and plain.data.license == "mit" and "two epochs" in plain.text
     assert 'from_pretrained("me/tiny", trust_remote_code=True)' in plain.text and "path/to/this" not in plain.text
+    assert "- head type: `query_extension` (`head_input=feature_and_token`)" in plain.text
     assert NOT_MEASURED in plain.text
 
     (folder / "README.md").write_text("# My notes\n\nHand-written.\n")

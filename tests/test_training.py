@@ -37,7 +37,8 @@ def base_state(model):
 
 SETUPS = [("llama", "resblock", {}), ("gpt2", "linear", {}), ("llama", "resblock", {"draft_vocab_size": 40}),
           ("llama", "query_extension", {"head_input": "feature_and_token", "head_rank": 8}),
-          ("gpt2", "query_extension", {"head_share_kv": False, "head_rank": 8})]
+          ("gpt2", "query_extension", {"head_share_kv": False, "head_rank": 8}),
+          ("llama", "query_extension", {"head_input": "sequential", "head_rank": 8, "draft_vocab_size": 40})]
 
 
 @pytest.mark.parametrize("arch,head_type,extra", SETUPS, ids=[f"{a}-{h}-{len(e)}" for a, h, e in SETUPS])
@@ -161,10 +162,43 @@ def test_training_prompts_are_varied_and_never_benchmark_prompts():
 
     prompts = training_prompts()
     texts = [p["prompt"] for p in prompts]
-    assert len(texts) == len(set(texts)) > 1000
-    assert {p["kind"] for p in prompts} == {"code", "explain", "howto", "list", "letter", "compare"}
+    assert len(texts) == len(set(texts)) > 1800
+    kinds = {"code", "explain", "howto", "list", "letter", "compare", "concept", "recipe", "history", "plan",
+             "creative", "define", "summary", "rewrite"}
+    assert {p["kind"] for p in prompts} == kinds
+    assert {p["kind"] for p in training_prompts(limit=1280)} == kinds  # the preset's prefix covers every kind
     first = training_prompts(limit=640)
     assert sum(any(f" {lang} " in f" {p['prompt']} " for p in first) for lang in LANGUAGES) == len(LANGUAGES)
     assert training_prompts(seed=0) == prompts  # deterministic
     bench = {p["prompt"].lower() for p in load_prompts()}
     assert not bench & {t.lower() for t in texts}
+
+
+def test_self_distilled_data_cache_grows_without_regenerating(tmp_path, monkeypatch):
+    import transformers_mtp.training_data as training_data
+    from transformers_mtp.training import training_sequences
+    from transformers_mtp.training_prompts import training_prompts
+
+    asked = []
+
+    def fake_self_distill(model, tokenizer, prompts, **kwargs):
+        asked.append(list(prompts))
+        return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
+
+    monkeypatch.setattr(training_data, "self_distill", fake_self_distill)
+    cache = tmp_path / "data" / "distill.jsonl"
+    settings = {"data": "builtin", "data_cache": str(cache)}
+    prompts = [p["prompt"] for p in training_prompts(limit=5)]
+
+    assert len(training_sequences(None, None, dict(settings, num_prompts=3))) == 3
+    assert asked == [prompts[:3]]
+    sequences = training_sequences(None, None, dict(settings, num_prompts=5))
+    assert asked[1] == prompts[3:]  # only the missing prompts are generated
+    assert [s["prompt"] for s in sequences] == prompts
+    assert len(cache.read_text().splitlines()) == 5
+    assert len(training_sequences(None, None, dict(settings, num_prompts=2))) == 2 and len(asked) == 2
+
+    lines = cache.read_text().splitlines()
+    cache.write_text(lines[0].replace(prompts[0], "Something else entirely.") + "\n" + "\n".join(lines[1:]) + "\n")
+    with pytest.raises(ValueError, match="distill.jsonl:1 holds the response to 'Something else entirely.'"):
+        training_sequences(None, None, dict(settings, num_prompts=5))

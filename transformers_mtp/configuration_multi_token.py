@@ -12,7 +12,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config, LlamaConfig
 
 HEAD_TYPES = ("linear", "resblock", "query_extension")
-HEAD_INPUTS = ("feature", "feature_and_token")
+HEAD_INPUTS = ("feature", "feature_and_token", "sequential")
 MAX_NUM_HEADS = 16  # beyond ~6 the far heads are almost never accepted (seed 000: "k 2-6, too large hurts quality")
 
 
@@ -34,7 +34,10 @@ class MultiTokenConfigMixin:
             articles suggest 32-128.
         head_input (`str`, *optional*, defaults to `"feature"`):
             What a `query_extension` head reads: `"feature"` (the input of the last decoder layer) or
-            `"feature_and_token"` (also the embedding of the token known to come next, as EAGLE / DeepSeek-V3).
+            `"feature_and_token"` (also the embedding of the token known to come next, as EAGLE / DeepSeek-V3) or
+            `"sequential"`: head 1 reads what `"feature_and_token"` reads, and each later head reads the output of the
+            head before it and the token that head drafted (EAGLE / DeepSeek-V3 chained drafting), so a draft depends
+            on the drafts before it. Needs `head_share_kv=True`.
         head_share_kv (`bool`, *optional*, defaults to `True`):
             Whether a `query_extension` head attends over the base last layer's keys and values (no extra cache) or
             computes its own from its input.
@@ -55,6 +58,11 @@ class MultiTokenConfigMixin:
     head_loss_weights: list[float] | None = None
     draft_vocab_size: int | None = None
 
+    @property
+    def head_reads_next_token(self) -> bool:
+        """Whether (the first) query_extension head reads the embedding of the token known to come next."""
+        return self.head_input in ("feature_and_token", "sequential")
+
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)  # the base architecture's config (LlamaConfig / GPT2Config) first
         self.validate_multi_token_fields()
@@ -72,6 +80,12 @@ class MultiTokenConfigMixin:
             raise ValueError(f"head_rank={self.head_rank} must be a positive integer (the articles suggest 32-128).")
         if self.head_input not in HEAD_INPUTS:
             raise ValueError(f"head_input={self.head_input!r} is not supported; choose one of {list(HEAD_INPUTS)}.")
+        if self.head_input == "sequential" and (self.head_type != "query_extension" or not self.head_share_kv):
+            raise ValueError(
+                f"head_input='sequential' chains query_extension heads that share the base model's keys and values; "
+                f"got head_type={self.head_type!r}, head_share_kv={self.head_share_kv}. Use head_type="
+                "'query_extension' with head_share_kv=True, or head_input='feature_and_token'."
+            )
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size} is out of range; pass 1 to vocab_size={self.vocab_size}, "

@@ -356,10 +356,10 @@ class _Decoder:
         position, and its position); last: [B] index of each row's last accepted position (positions after it are
         masked out). Returns (list of [d_i] drafts, list of [d_i, V] draft distributions or None when greedy).
 
-        Drafting costs the heads plus one unembedding multiply over the drafted rows (3 ms for 3 rows of the full 49K
-        vocabulary on a 2-core CPU; about 0.5 ms with an 8K draft vocabulary). A separate multiply costs about what
-        folding the draft rows into the verify multiply would, and unlike it also serves heads that read the next
-        token, which is known only after verification.
+        Drafting costs the heads plus one unembedding multiply per head over the batch's rows (1 ms per head for the
+        full 49K vocabulary on a 2-core CPU; about 0.2 ms with an 8K draft vocabulary). A separate multiply costs
+        about what folding the draft rows into the verify multiply would, and unlike it also serves heads that read
+        the next token, which is known only after verification, and chained heads, which read the drafts before.
         """
         counts = [self.num_drafts(i, max_length) for i in range(self.batch_size)]
         # tokens that followed the row's last n-gram earlier in the row come first; the heads draft the rest
@@ -384,60 +384,86 @@ class _Decoder:
             if model.uses_layer_input:
                 last_layer = self.cache.layers[-1]
                 base_kv = (last_layer.keys, last_layer.values)
+        drafts = [[] for _ in counts]  # per row: [1] tensors
+        probs = [[] for _ in counts] if self.do_sample else None
+        wanted = list(counts)  # per row: head drafts still wanted (the confidence threshold may lower it)
+
+        def choose_token(slot, states):
+            """Each row's draft in position `slot` from the heads' states [B, 1 or T, H]: copied from the context,
+            else the head's own choice. Returns [B, 1] (what a chained head reads next), or None once no row wants
+            more drafts."""
+            if states.shape[1] != 1:
+                states = at_last(states)
+            logits = states[:, 0] @ self.draft_weight.T  # [B, V_draft]
+            chosen = []
+            for i, from_context in enumerate(contexts):
+                if slot < from_context.shape[0]:
+                    token, q = from_context[slot : slot + 1], self.context_draft_probs(from_context[slot])
+                else:
+                    if self.draft_threshold > 0 and slot < wanted[i]:
+                        if float(torch.softmax(logits[i].float(), -1).max()) < self.draft_threshold:
+                            wanted[i] = slot
+                    token, q = self.head_draft(i, logits[i], drafts[i])
+                if slot < max(wanted[i], from_context.shape[0]):
+                    drafts[i].append(token)
+                    if probs is not None:
+                        probs[i].append(q)
+                chosen.append(token)
+            if all(slot + 1 >= max(w, c.shape[0]) for w, c in zip(wanted, contexts)):
+                return None
+            return torch.cat(chosen)[:, None]
+
         states, new_kv = model._head_states(
             normed=normed, layer_input=layer_input,
             next_token_ids=next_tokens, position_ids=positions, key_padding_mask=self.attention_mask,
-            base_kv=base_kv, head_past=head_past, num_heads=width + 1,
+            base_kv=base_kv, head_past=head_past, num_heads=width + 1, choose_token=choose_token,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
             # the confidence threshold or the context lookup) only shrinks near the end, so they are never read again.
             self.head_past = list(new_kv) + (self.head_past or [])[len(new_kv):]
-        if states.shape[1] != 1:
-            states = at_last(states)
-        logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
-        drafts, distributions = [], [] if self.do_sample else None
-        for i, (count, from_context) in enumerate(zip(counts, contexts)):
-            if self.draft_threshold > 0 and count:
-                confident = torch.softmax(logits[i, :count].float(), -1).amax(-1) >= self.draft_threshold
-                count = int(confident.int().cumprod(0).sum())
-            count = max(count, from_context.shape[0])
-            if self.do_sample:
-                row_drafts, probs = self.sample_drafts(i, logits[i], count, from_context)
-                distributions.append(probs)
-            else:
-                row_drafts = logits[i, from_context.shape[0] : count].argmax(-1)
-                if self.draft_ids is not None:
-                    row_drafts = self.draft_ids[row_drafts]
-                row_drafts = torch.cat([from_context, row_drafts])
-            drafts.append(row_drafts)
-        return drafts, distributions
+        if model.config.head_input != "sequential":  # independent heads: every state is there, choose in order
+            for slot in range(states.shape[2]):
+                if choose_token(slot, states[:, :, slot]) is None:
+                    break
+        out, distributions = [], [] if probs is not None else None
+        for i, from_context in enumerate(contexts):
+            # the context may offer more tokens than there are heads (draft_lookup_num_tokens > k - 1)
+            for slot in range(len(drafts[i]), from_context.shape[0]):
+                drafts[i].append(from_context[slot : slot + 1])
+                if probs is not None:
+                    probs[i].append(self.context_draft_probs(from_context[slot]))
+            out.append(torch.cat(drafts[i]) if drafts[i] else next_tokens.new_empty(0))
+            if probs is not None:
+                vocab = self.model.lm_head.weight.shape[0]
+                distributions.append(torch.stack(probs[i]) if probs[i] else normed.new_empty((0, vocab)))
+        return out, distributions
 
-    def sample_drafts(self, row, logits, count, given):
-        """Sample `count` drafts, the first ones `given` (copied from the context, so their q is one-hot), the rest
-        from the heads' distributions, warped as the base model's are (temperature, top-k, top-p): the closer q is to
-        p, the more drafts are kept. logits: [width, V_draft]. Returns ([count] tokens, [count, V] q)."""
-        vocab = self.model.lm_head.weight.shape[0]
-        if self.draft_ids is not None:  # tokens outside the draft vocabulary have q = 0
-            full = logits.new_full((logits.shape[0], vocab), float("-inf"), dtype=torch.float32)
-            full[:, self.draft_ids] = logits.float()
-            logits = full
-        tokens, probs = [], []
-        prefix = self.rows[row]
-        for j in range(count):
-            if j < given.shape[0]:
-                tokens.append(given[j : j + 1])
-                probs.append(torch.nn.functional.one_hot(given[j], vocab).float())
-                continue
-            scores = logits[j : j + 1].float()
-            if len(self.logits_processor[row]):
-                scores = self.logits_processor[row](torch.cat([prefix, *tokens])[None], scores.clone())
-            q = torch.softmax(scores[0], dim=-1)
-            tokens.append(torch.multinomial(q, 1))
-            probs.append(q)
-        if not tokens:
-            return logits.new_empty(0, dtype=torch.long), logits.new_empty((0, vocab))
-        return torch.cat(tokens), torch.stack(probs)
+    def context_draft_probs(self, token):
+        """q of a draft copied from the context: one-hot (sampling only; None when greedy)."""
+        if not self.do_sample:
+            return None
+        return torch.nn.functional.one_hot(token, self.model.lm_head.weight.shape[0]).float()
+
+    def head_draft(self, row, logits, earlier):
+        """
+        Row `row`'s draft from a head's logits [V_draft], after its `earlier` drafts (list of [1] tensors).
+        Greedy: the top token (q None). Sampling: a sample from the head's distribution q, warped as the base
+        model's is (temperature, top-k, top-p), so the closer q is to p the more drafts are kept; tokens outside the
+        draft vocabulary have q = 0. Returns ([1] token, [V] q or None).
+        """
+        if not self.do_sample:
+            index = logits.argmax(-1, keepdim=True)
+            return (self.draft_ids[index] if self.draft_ids is not None else index), None
+        scores = logits.float()[None]
+        if self.draft_ids is not None:
+            full = scores.new_full((1, self.model.lm_head.weight.shape[0]), float("-inf"))
+            full[:, self.draft_ids] = scores
+            scores = full
+        if len(self.logits_processor[row]):
+            scores = self.logits_processor[row](torch.cat([self.rows[row], *earlier])[None], scores.clone())
+        q = torch.softmax(scores[0], dim=-1)
+        return torch.multinomial(q, 1), q
 
     def sequences(self):
         """The rows as one [B, L] tensor; rows that ended early are padded, as plain `generate()` pads them."""

@@ -54,6 +54,7 @@ def render_model_card(model, *, base_model, repo_id=None, license=None, training
         num_heads=config.num_heads,
         num_predict_heads=getattr(model.generation_config, "num_predict_heads", None) or config.num_heads,
         head_type=config.head_type,
+        head_input=config.head_input,
         training=training,
         measurements=measurements,
     )

@@ -146,7 +146,7 @@ class LlamaQueryExtensionHead(QueryExtensionHead):
             head_dim=head_dim,
             bias=config.attention_bias,
             share_kv=config.head_share_kv,
-            use_token=config.head_input == "feature_and_token",
+            use_token=config.head_reads_next_token,
         )
         self.scaling = head_dim**-0.5
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -183,7 +183,7 @@ class GPT2QueryExtensionHead(QueryExtensionHead):
             head_dim=head_dim,
             bias=True,
             share_kv=config.head_share_kv,
-            use_token=config.head_input == "feature_and_token",
+            use_token=config.head_reads_next_token,
         )
         # main diff with Llama: GPT-2's optional scalings, no rotary embedding (positions are added to the input)
         self.scaling = head_dim**-0.5 if config.scale_attn_weights else 1.0

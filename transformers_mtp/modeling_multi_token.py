@@ -169,25 +169,33 @@ class MultiTokenPredictionMixin:
         return out.last_hidden_state, layer_input, out.cache
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
-                     base_kv=None, head_past=None, num_heads=None):
+                     base_kv=None, head_past=None, num_heads=None, choose_token=None):
         """
         Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
 
-        normed / layer_input: [B, T, H]; next_token_ids: [B, T] the token after each position (`feature_and_token`);
-        position_ids: [B, T]; base_kv: the base last layer's (keys, values) covering every attended position
-        (`share_kv`); head_past: per-head own (keys, values) of earlier positions, or None.
-        Returns ([B, T, num_heads-1, H], per-head new (keys, values) for own-kv heads or None).
+        normed / layer_input: [B, T, H]; next_token_ids: [B, T] the token after each position (`feature_and_token`,
+        `sequential`); position_ids: [B, T]; base_kv: the base last layer's (keys, values) covering every attended
+        position (`share_kv`); head_past: per-head own (keys, values) of earlier positions, or None.
+        choose_token (`sequential` only): `choose_token(i, state)` returns the token [B, T] that head i + 1 reads,
+        i.e. the token head i drafts from its state [B, T, H] (or None to stop drafting). By default the heads are
+        teacher-forced: head i + 1 reads the true token, `next_token_ids` shifted left by i + 1. A later head matters
+        only when every earlier draft was accepted, and then its draft was the true token, so teacher forcing trains
+        exactly what drafting uses.
+        Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None).
         """
         heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
         if not self.uses_layer_input:
             # normed: [B, T, H] -> [B, T, K-1, H]
             return torch.stack([head(normed) for head in heads], dim=2), None
         _, _, final_norm, embed_tokens, rotary = self._parts()
-        position_embeddings = rotary(layer_input, position_ids) if rotary is not None else None
-        token_embeds = embed_tokens(next_token_ids) if self.config.head_input == "feature_and_token" else None
+        sequential = self.config.head_input == "sequential"
         q_len = layer_input.shape[1]
+        hidden, tokens = layer_input, next_token_ids if self.config.head_reads_next_token else None
         states, new_kvs = [], []
         for i, head in enumerate(heads):
+            if i == 0 or sequential:
+                # a chained head stands one position further on: it reads the state of the token it follows
+                position_embeddings = rotary(hidden, position_ids + i) if rotary is not None else None
             if head.share_kv:
                 past = base_kv
                 key_len = past[0].shape[2]
@@ -195,12 +203,20 @@ class MultiTokenPredictionMixin:
                 past = head_past[i] if head_past is not None else None
                 key_len = q_len + (past[0].shape[2] if past is not None else 0)
             mask = head_attention_mask(q_len, key_len, key_padding_mask, device=layer_input.device)
-            hidden, new_kv = head(
-                layer_input, attn_mask=mask, position_embeddings=position_embeddings, token_embeds=token_embeds,
-                past_kv=past,
+            output, new_kv = head(
+                hidden, attn_mask=mask, position_embeddings=position_embeddings,
+                token_embeds=embed_tokens(tokens) if tokens is not None else None, past_kv=past,
             )
-            states.append(final_norm(hidden))
+            states.append(final_norm(output))
             new_kvs.append(new_kv)
+            if sequential and i + 1 < len(heads):
+                if choose_token is None:
+                    tokens = F.pad(next_token_ids[:, i + 1 :], (0, i + 1), value=0)
+                else:
+                    tokens = choose_token(i, states[-1])
+                    if tokens is None:
+                        break
+                hidden = output
         return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
@@ -233,9 +249,11 @@ class MultiTokenPredictionMixin:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + seq_len, device=normed.device)[None]
         next_token_ids = None
-        if self.uses_layer_input and self.config.head_input == "feature_and_token":
+        if self.uses_layer_input and self.config.head_reads_next_token:
             if input_ids is None:
-                raise ValueError("head_input='feature_and_token' needs input_ids (the next tokens), not inputs_embeds.")
+                raise ValueError(
+                    f"head_input={self.config.head_input!r} needs input_ids (the next tokens), not inputs_embeds."
+                )
             # Teacher forcing: the token after position t is input_ids[t + 1]; the last position has none (id 0).
             next_token_ids = F.pad(input_ids[:, 1:], (0, 1), value=0)
         base_kv = None

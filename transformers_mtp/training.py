@@ -108,7 +108,7 @@ def lora_config_for(model, rank=None) -> LoraConfig:
     rank = rank or config.head_rank
     if config.head_type == "query_extension":
         # the per-head query extension ΔW_q^(i) of seed 000; the token fusion layer is small and trains in full
-        modules_to_save = ["token_fc"] if config.head_input == "feature_and_token" else None
+        modules_to_save = ["token_fc"] if config.head_reads_next_token else None
         return LoraConfig(r=rank, lora_alpha=rank, target_modules=r".*mtp_heads\.\d+\.q_proj",
                           modules_to_save=modules_to_save)
     layer = "linear" if config.head_type == "resblock" else "proj"
@@ -334,8 +334,12 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
 
 
 def training_sequences(model, tokenizer, settings, *, progress=True):
-    """The sequences a preset's `train:` section asks for: self-distillation on the built-in prompt set (cached in
-    `data_cache` when given), or a plain text / JSONL file."""
+    """The sequences a preset's `train:` section asks for: self-distillation on the first `num_prompts` built-in
+    prompts, or a plain text / JSONL file.
+
+    With `data_cache`, responses are kept in a JSONL file, one line per prompt in prompt order. A later run reuses
+    them, and when it asks for more prompts it generates only the missing ones and appends them (a longer run need
+    not redo the first hours of generation). A cache made from other prompts is an error, never silently reused."""
     import json
 
     from .training_data import load_text_sequences, self_distill
@@ -344,13 +348,24 @@ def training_sequences(model, tokenizer, settings, *, progress=True):
     data = settings.get("data", "builtin")
     if data != "builtin":
         return load_text_sequences(data, tokenizer)
-    cache = Path(settings["data_cache"]) if settings.get("data_cache") else None
-    if cache is not None and cache.is_file():
-        logger.info(f"Reusing self-distilled sequences from {cache}")
-        return [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
     prompts = [p["prompt"] for p in training_prompts(limit=settings.get("num_prompts", 640))]
-    sequences = self_distill(model, tokenizer, prompts, max_new_tokens=settings.get("max_new_tokens", 160),
+    cache = Path(settings["data_cache"]) if settings.get("data_cache") else None
+    cached = []
+    if cache is not None and cache.is_file():
+        cached = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()][: len(prompts)]
+        for number, (sequence, prompt) in enumerate(zip(cached, prompts), 1):
+            if sequence.get("prompt") != prompt:
+                raise ValueError(
+                    f"{cache}:{number} holds the response to {sequence.get('prompt')!r}, not to built-in prompt "
+                    f"{number} ({prompt!r}): the cache was made from other prompts. Delete it or set another data_cache."
+                )
+        logger.info(f"Reusing {len(cached)} self-distilled sequences from {cache}")
+    missing = prompts[len(cached):]
+    if not missing:
+        return cached
+    sequences = self_distill(model, tokenizer, missing, max_new_tokens=settings.get("max_new_tokens", 160),
                              batch_size=settings.get("distill_batch_size", 16), progress=progress)
+    sequences = cached + [dict(sequence, prompt=prompt) for sequence, prompt in zip(sequences, missing)]
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         staging = cache.with_suffix(".tmp")
