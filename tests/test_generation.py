@@ -336,3 +336,13 @@ def test_context_lookup_drafts_stay_greedy(arch, ngram):
         mtp(model, prompt, max_new_tokens=5, draft_lookup_ngram=-1)
     with pytest.raises(ValueError, match="draft_lookup_num_tokens=40 must be an integer from 0 to 32"):
         mtp(model, prompt, max_new_tokens=5, draft_lookup_num_tokens=40)
+
+
+@pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
+def test_every_head_drafts_each_step(head_type, extra):
+    """With k heads and no lookup or threshold, every step sends k - 1 drafts (fewer only at the token budget)."""
+    model = tiny_mtp("llama", head_type, num_heads=4, **extra)
+    out = model.generate(torch.randint(3, VOCAB, (1, 7)), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                         multi_token_mode=True, draft_lookup_ngram=0, return_dict_in_generate=True)
+    proposed = out.multi_token_stats.head_proposed
+    assert len(proposed) == 3 and proposed[0] >= proposed[2] > 0 and proposed[0] - proposed[2] <= 2, proposed

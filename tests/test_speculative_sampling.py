@@ -25,6 +25,8 @@ HEADS = {
     "resblock": dict(head_type="resblock"),
     # the shipped design: query extension reading the next token, drafting over a reduced vocabulary (q = 0 outside)
     "qext-token-draft-vocab": dict(head_type="query_extension", head_input="feature_and_token", draft_vocab_size=4),
+    # chained heads: draft 2 is sampled from a q that depends on the sampled draft 1
+    "qext-sequential-draft-vocab": dict(head_type="query_extension", head_input="sequential", draft_vocab_size=4),
 }
 
 

@@ -387,11 +387,13 @@ class _Decoder:
         drafts = [[] for _ in counts]  # per row: [1] tensors
         probs = [[] for _ in counts] if self.do_sample else None
         wanted = list(counts)  # per row: head drafts still wanted (the confidence threshold may lower it)
+        next_slot = [0]
 
         def choose_token(slot, states):
             """Each row's draft in position `slot` from the heads' states [B, 1 or T, H]: copied from the context,
             else the head's own choice. Returns [B, 1] (what a chained head reads next), or None once no row wants
             more drafts."""
+            next_slot[0] = slot + 1
             if states.shape[1] != 1:
                 states = at_last(states)
             logits = states[:, 0] @ self.draft_weight.T  # [B, V_draft]
@@ -422,10 +424,9 @@ class _Decoder:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
             # the confidence threshold or the context lookup) only shrinks near the end, so they are never read again.
             self.head_past = list(new_kv) + (self.head_past or [])[len(new_kv):]
-        if model.config.head_input != "sequential":  # independent heads: every state is there, choose in order
-            for slot in range(states.shape[2]):
-                if choose_token(slot, states[:, :, slot]) is None:
-                    break
+        for slot in range(next_slot[0], states.shape[2]):  # linear / resblock heads: choose after the fact
+            if choose_token(slot, states[:, :, slot]) is None:
+                break
         out, distributions = [], [] if probs is not None else None
         for i, from_context in enumerate(contexts):
             # the context may offer more tokens than there are heads (draft_lookup_num_tokens > k - 1)
