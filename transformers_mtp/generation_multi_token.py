@@ -356,10 +356,11 @@ class _Decoder:
         position, and its position); last: [B] index of each row's last accepted position (positions after it are
         masked out). Returns (list of [d_i] drafts, list of [d_i, V] draft distributions or None when greedy).
 
-        Drafting costs the heads plus one unembedding multiply per head over the batch's rows (1 ms per head for the
-        full 49K vocabulary on a 2-core CPU; about 0.2 ms with an 8K draft vocabulary). A separate multiply costs
-        about what folding the draft rows into the verify multiply would, and unlike it also serves heads that read
-        the next token, which is known only after verification, and chained heads, which read the drafts before.
+        Drafting costs the heads plus one unembedding multiply over the drafted rows (3 ms for 3 rows of the full 49K
+        vocabulary on a 2-core CPU; about 0.5 ms with an 8K draft vocabulary); chained heads need one multiply per
+        head, since each reads the draft before it. A separate multiply costs about what folding the draft rows into
+        the verify multiply would, and unlike it also serves heads that read the next token, which is known only
+        after verification.
         """
         counts = [self.num_drafts(i, max_length) for i in range(self.batch_size)]
         # tokens that followed the row's last n-gram earlier in the row come first; the heads draft the rest
@@ -387,16 +388,16 @@ class _Decoder:
         drafts = [[] for _ in counts]  # per row: [1] tensors
         probs = [[] for _ in counts] if self.do_sample else None
         wanted = list(counts)  # per row: head drafts still wanted (the confidence threshold may lower it)
-        next_slot = [0]
+        chosen_slots = 0
 
-        def choose_token(slot, states):
-            """Each row's draft in position `slot` from the heads' states [B, 1 or T, H]: copied from the context,
-            else the head's own choice. Returns [B, 1] (what a chained head reads next), or None once no row wants
-            more drafts."""
-            next_slot[0] = slot + 1
-            if states.shape[1] != 1:
-                states = at_last(states)
-            logits = states[:, 0] @ self.draft_weight.T  # [B, V_draft]
+        def choose_token(slot, states=None, logits=None):
+            """Each row's draft in position `slot`, from the head's state [B, 1, H] or its logits [B, V_draft]: copied
+            from the context, else the head's own choice. Returns [B, 1] (what a chained head reads next), or None
+            once no row wants more drafts."""
+            nonlocal chosen_slots
+            chosen_slots = slot + 1
+            if logits is None:
+                logits = states[:, 0] @ self.draft_weight.T  # [B, V_draft]
             chosen = []
             for i, from_context in enumerate(contexts):
                 if slot < from_context.shape[0]:
@@ -415,18 +416,26 @@ class _Decoder:
                 return None
             return torch.cat(chosen)[:, None]
 
+        chained = model.config.head_input == "sequential"  # each head reads the draft before it, chosen on the way
         states, new_kv = model._head_states(
             normed=normed, layer_input=layer_input,
             next_token_ids=next_tokens, position_ids=positions, key_padding_mask=self.attention_mask,
-            base_kv=base_kv, head_past=head_past, num_heads=width + 1, choose_token=choose_token,
+            base_kv=base_kv, head_past=head_past, num_heads=width + 1, choose_token=choose_token if chained else None,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
             # the confidence threshold or the context lookup) only shrinks near the end, so they are never read again.
             self.head_past = list(new_kv) + (self.head_past or [])[len(new_kv):]
-        for slot in range(next_slot[0], states.shape[2]):  # linear / resblock heads: choose after the fact
-            if choose_token(slot, states[:, :, slot]) is None:
-                break
+        if chained:  # the last head's draft feeds no further head, so it is chosen here
+            for slot in range(chosen_slots, states.shape[2]):
+                choose_token(slot, states[:, :, slot])
+        else:  # independent heads: one unembedding multiply for all of them, then choose in order
+            if states.shape[1] != 1:
+                states = at_last(states)
+            logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
+            for slot in range(logits.shape[1]):
+                if choose_token(slot, logits=logits[:, slot]) is None:
+                    break
         out, distributions = [], [] if probs is not None else None
         for i, from_context in enumerate(contexts):
             # the context may offer more tokens than there are heads (draft_lookup_num_tokens > k - 1)

@@ -176,12 +176,11 @@ class MultiTokenPredictionMixin:
         normed / layer_input: [B, T, H]; next_token_ids: [B, T] the token after each position (`feature_and_token`,
         `sequential`); position_ids: [B, T]; base_kv: the base last layer's (keys, values) covering every attended
         position (`share_kv`); head_past: per-head own (keys, values) of earlier positions, or None.
-        choose_token: called after each `query_extension` head as `choose_token(i, state)` with head i's state
-        [B, T, H]; returns the token [B, T] head i drafts, which a `sequential` head i + 1 reads next, or None when
-        no more drafts are wanted (shared-kv heads then stop). Without it, `sequential` heads are teacher-forced:
-        head i + 1 reads the true token, `next_token_ids` shifted left by i + 1. A later head matters only when
-        every earlier draft was accepted, and then its draft was the true token, so teacher forcing trains exactly
-        what drafting uses.
+        choose_token (`sequential` only): `choose_token(i, state)` returns the token [B, T] that head i drafts from
+        its state [B, T, H], which head i + 1 reads next, or None when no more drafts are wanted. Without it the
+        heads are teacher-forced: head i + 1 reads the true token, `next_token_ids` shifted left by i + 1. A later
+        head matters only when every earlier draft was accepted, and then its draft was the true token, so teacher
+        forcing trains exactly what drafting uses.
         Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None).
         """
         heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
@@ -210,14 +209,14 @@ class MultiTokenPredictionMixin:
             )
             states.append(final_norm(output))
             new_kvs.append(new_kv)
-            if choose_token is not None:
-                chosen = choose_token(i, states[-1])
-                if chosen is None and head.share_kv:
-                    break  # no row wants more drafts (own-kv heads run on: their caches must cover every position)
-                if sequential:
-                    tokens, hidden = chosen, output
-            elif sequential:
-                tokens, hidden = F.pad(next_token_ids[:, i + 1 :], (0, i + 1), value=0), output
+            if sequential and i + 1 < len(heads):
+                if choose_token is None:  # teacher forcing
+                    tokens = F.pad(next_token_ids[:, i + 1 :], (0, i + 1), value=0)
+                else:
+                    tokens = choose_token(i, states[-1])
+                    if tokens is None:
+                        break  # no row wants more drafts
+                hidden = output
         return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
