@@ -202,3 +202,59 @@ def test_self_distilled_data_cache_grows_without_regenerating(tmp_path, monkeypa
     cache.write_text(lines[0].replace(prompts[0], "Something else entirely.") + "\n" + "\n".join(lines[1:]) + "\n")
     with pytest.raises(ValueError, match="distill.jsonl:1 holds the response to 'Something else entirely.'"):
         training_sequences(None, None, dict(settings, num_prompts=5))
+
+
+def test_sampled_self_distillation_appends_rounds_and_checks_settings(tmp_path, monkeypatch):
+    import transformers_mtp.training_data as training_data
+    from transformers_mtp.training import training_sequences
+    from transformers_mtp.training_prompts import training_prompts
+
+    asked = []
+
+    def fake_self_distill(model, tokenizer, prompts, *, temperature=None, seed=0, **kwargs):
+        asked.append((list(prompts), temperature, seed))
+        return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
+
+    monkeypatch.setattr(training_data, "self_distill", fake_self_distill)
+    cache = tmp_path / "distill.jsonl"
+    settings = {"data": "builtin", "data_cache": str(cache), "num_prompts": 3, "sample_temperature": 0.7}
+    prompts = [p["prompt"] for p in training_prompts(limit=3)]
+
+    sequences = training_sequences(None, None, dict(settings, sampled_per_prompt=1))
+    assert asked == [(prompts, None, 0), (prompts, 0.7, 0)]  # greedy first, then one sampled round
+    assert len(sequences) == 6 and [s.get("sample") for s in sequences] == [None] * 3 + [0] * 3
+    sequences = training_sequences(None, None, dict(settings, sampled_per_prompt=2))
+    assert asked[2:] == [(prompts, 0.7, 1)]  # only the new round, with its own seed
+    assert len((tmp_path / "distill.sampled.jsonl").read_text().splitlines()) == 6
+    assert [s["prompt"] for s in sequences[3:]] == prompts * 2
+    assert len(training_sequences(None, None, dict(settings, sampled_per_prompt=2))) == 9 and len(asked) == 3
+
+    with pytest.raises(ValueError, match=r"distill.sampled.jsonl:1 holds .*'temperature': 0.7.*not to sample 0"):
+        training_sequences(None, None, dict(settings, sampled_per_prompt=2, sample_temperature=1.0))
+    with pytest.raises(ValueError, match="sampled_per_prompt=-1 must be a whole number"):
+        training_sequences(None, None, dict(settings, sampled_per_prompt=-1))
+
+
+def test_self_distill_rejects_a_non_positive_temperature():
+    from transformers_mtp.training_data import self_distill
+
+    with pytest.raises(ValueError, match="temperature=0 must be positive"):
+        self_distill(None, None, ["Say hi."], temperature=0)
+
+
+@pytest.mark.parametrize("arch,extra", [("llama", {"head_input": "feature_and_token"}), ("gpt2", {})])
+def test_batched_feature_cache_matches_one_sequence_at_a_time(arch, extra):
+    model = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type="query_extension", head_rank=4, **extra)
+    sequences = greedy_sequences(model, count=5, new_tokens=6)
+    sequences[1] = dict(sequences[1], input_ids=sequences[1]["input_ids"][:7])  # uneven lengths: padding happens
+    sequences[3] = dict(sequences[3], input_ids=sequences[3]["input_ids"][:5])
+    one = cache_trunk_features(model, sequences, all_features=True, progress=False)
+    batched = cache_trunk_features(model, sequences, all_features=True, batch_size=3, progress=False)
+    for a, b in zip(one, batched, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].shape == b[key].shape, key
+            if a[key].is_floating_point():
+                torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
+            else:
+                assert torch.equal(a[key], b[key]), key

@@ -94,8 +94,16 @@ def cmd_train(args):
         head_settings["head_type"] = args.head_type
     if preset.get("base", "default") != "default":
         raise ValueError("train runs on the embedded default model for now; set base: default in the preset.")
+    import torch
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:  # under torchrun / accelerate launch: this process's GPU
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was given but no CUDA device is visible; use --device cpu.")
     start = time.perf_counter()
     base, tokenizer = transformers_mtp.load_default_base()
+    base = base.to(device)  # before convert(), so that the heads are made on the same device
     model = transformers_mtp.convert(base, **head_settings)
     sequences = training_sequences(base, tokenizer, settings)
     config = HeadTrainingConfig(output_dir=args.output_dir, overwrite=args.overwrite, resume=args.resume,
@@ -273,7 +281,8 @@ def build_parser():
 
     train = sub.add_parser("train", help="train the heads with PEFT LoRA by self-distillation",
                            epilog="examples:\n  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2\n"
-                                  "  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2 --resume",
+                                  "  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2 --resume\n"
+                                  "  transformers-mtp train --preset smollm2-135m-gpu --output-dir runs/smollm2-gpu",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--preset", default="smollm2-135m", help="YAML preset with a train: section")
     train.add_argument("--output-dir", required=True)
@@ -282,6 +291,7 @@ def build_parser():
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--num-train-epochs", type=float, default=None)
     train.add_argument("--learning-rate", type=float, default=None)
+    train.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible, else cpu)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     train.add_argument("--overwrite", action="store_true", help="start over in a non-empty --output-dir")
     train.set_defaults(func=cmd_train)

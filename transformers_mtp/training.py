@@ -47,6 +47,8 @@ class HeadTrainingConfig:
         eval_fraction (`float`, defaults to 0.05): share of sequences held out for evaluation.
         eval_steps / save_steps / logging_steps (`int`): evaluation, checkpoint and log intervals in steps.
         seed (`int`, defaults to 0). bf16 (`bool`, *optional*): defaults to True on CUDA, False on CPU.
+        feature_batch_size (`int`, defaults to 1): sequences per trunk pass when caching features; raise it on a GPU
+            (on a CPU a padded batch only adds work).
         overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
         resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
     """
@@ -65,6 +67,7 @@ class HeadTrainingConfig:
     logging_steps: int = 10
     seed: int = 0
     bf16: bool | None = None
+    feature_batch_size: int = 1
     overwrite: bool = False
     resume: bool = False
 
@@ -272,7 +275,8 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     `prompt_length`, e.g. from `self_distill`). Writes `output_dir/adapter` (PEFT adapter) and `output_dir/merged`
     (a full checkpoint that loads with `trust_remote_code=True`). Returns (merged model, final eval metrics).
     `features`: trunk features of `sequences` (same order) cached earlier with `cache_trunk_features(...,
-    all_features=True)`, to train several head types on one cache.
+    all_features=True)`, to train several head types on one cache. Training runs on the model's device: move the
+    model to a GPU first to train there (bf16 by default).
     """
     output_dir = _prepare_output_dir(config)
     if features is not None:
@@ -286,7 +290,8 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     eval_items = [usable[i] for i in order[:n_eval]]
     train_items = [usable[i] for i in order[n_eval:]] or eval_items
     if features is None:
-        features = cache_trunk_features(model, train_items + eval_items, progress=progress)
+        features = cache_trunk_features(model, train_items + eval_items, batch_size=config.feature_batch_size,
+                                        progress=progress)
     else:
         features = [features_by_id[id(s)] for s in train_items + eval_items]
     train_features, eval_features = features[: len(train_items)], features[len(train_items) :]
@@ -294,7 +299,7 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
         model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))
 
     peft_model = get_peft_model(model, lora_config_for(model, config.lora_rank))
-    on_cuda = torch.cuda.is_available()
+    on_cuda = model.device.type == "cuda"  # train where the caller put the model (and where the features are)
     args = TrainingArguments(
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
@@ -319,6 +324,7 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
         report_to=[],
         disable_tqdm=not progress,
         dataloader_num_workers=0,
+        dataloader_pin_memory=False,  # the cached features already live on the model's device
     )
     trainer = HeadsTrainer(model=peft_model, args=args, train_dataset=_ListDataset(train_features),
                            eval_dataset=_ListDataset(eval_features) if eval_features else None,
@@ -333,15 +339,47 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     return merged, metrics
 
 
+def _read_cache(cache, expected, describe):
+    """Lines of a self-distillation cache, checked against `expected` (one (prompt, extra) key per line, in order):
+    a cache made from other prompts or settings is an error naming the line, never silently reused."""
+    import json
+
+    if cache is None or not cache.is_file():
+        return []
+    cached = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()][: len(expected)]
+    for number, (sequence, (prompt, extra)) in enumerate(zip(cached, expected), 1):
+        found = {key: sequence.get(key) for key in extra}
+        if sequence.get("prompt") != prompt or found != extra:
+            raise ValueError(
+                f"{cache}:{number} holds the response to {sequence.get('prompt')!r} {found or ''}, not to "
+                f"{describe(number)} ({prompt!r} {extra or ''}): the cache was made from other prompts or settings. "
+                "Delete it or set another data_cache."
+            )
+    logger.info(f"Reusing {len(cached)} self-distilled sequences from {cache}")
+    return cached
+
+
+def _write_cache(cache, sequences):
+    import json
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    staging = cache.with_suffix(".tmp")
+    staging.write_text("".join(json.dumps(s) + "\n" for s in sequences))
+    os.replace(staging, cache)  # atomic: a later run never reads half a file
+
+
 def training_sequences(model, tokenizer, settings, *, progress=True):
     """The sequences a preset's `train:` section asks for: self-distillation on the first `num_prompts` built-in
     prompts, or a plain text / JSONL file.
 
-    With `data_cache`, responses are kept in a JSONL file, one line per prompt in prompt order. A later run reuses
-    them, and when it asks for more prompts it generates only the missing ones and appends them (a longer run need
-    not redo the first hours of generation). A cache made from other prompts is an error, never silently reused."""
-    import json
+    Self-distillation gives each prompt its greedy response and, with `sampled_per_prompt: N`, N more responses
+    sampled at `sample_temperature`. Sampled text is still scored against the base model's argmax at every
+    position (`cache_trunk_features`), so it adds contexts the model itself writes, at no loss of target quality.
 
+    With `data_cache`, responses are kept in JSONL files (greedy: `data_cache`; sampled: `data_cache` with a
+    `.sampled` suffix), one line per response in a fixed order. A later run reuses them, and when it asks for more
+    it generates only the missing ones and appends them (a longer run need not redo the first hours of generation).
+    A cache made from other prompts or settings is an error, never silently reused."""
     from .training_data import load_text_sequences, self_distill
     from .training_prompts import training_prompts
 
@@ -349,26 +387,33 @@ def training_sequences(model, tokenizer, settings, *, progress=True):
     if data != "builtin":
         return load_text_sequences(data, tokenizer)
     prompts = [p["prompt"] for p in training_prompts(limit=settings.get("num_prompts", 640))]
+    samples = settings.get("sampled_per_prompt", 0)
+    if not isinstance(samples, int) or samples < 0:
+        raise ValueError(f"sampled_per_prompt={samples!r} must be a whole number >= 0 (0: greedy responses only).")
+    temperature = settings.get("sample_temperature", 0.7)
+    distill = partial(self_distill, model, tokenizer, max_new_tokens=settings.get("max_new_tokens", 160),
+                      batch_size=settings.get("distill_batch_size", 16), progress=progress)
     cache = Path(settings["data_cache"]) if settings.get("data_cache") else None
-    cached = []
-    if cache is not None and cache.is_file():
-        cached = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()][: len(prompts)]
-        for number, (sequence, prompt) in enumerate(zip(cached, prompts), 1):
-            if sequence.get("prompt") != prompt:
-                raise ValueError(
-                    f"{cache}:{number} holds the response to {sequence.get('prompt')!r}, not to built-in prompt "
-                    f"{number} ({prompt!r}): the cache was made from other prompts. Delete it or set another data_cache."
-                )
-        logger.info(f"Reusing {len(cached)} self-distilled sequences from {cache}")
-    missing = prompts[len(cached):]
-    if not missing:
-        return cached
-    sequences = self_distill(model, tokenizer, missing, max_new_tokens=settings.get("max_new_tokens", 160),
-                             batch_size=settings.get("distill_batch_size", 16), progress=progress)
-    sequences = cached + [dict(sequence, prompt=prompt) for sequence, prompt in zip(sequences, missing)]
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        staging = cache.with_suffix(".tmp")
-        staging.write_text("".join(json.dumps(s) + "\n" for s in sequences))
-        os.replace(staging, cache)  # atomic: a later run never reads half a file
-    return sequences
+
+    greedy = _read_cache(cache, [(p, {}) for p in prompts], lambda n: f"built-in prompt {n}")
+    if len(greedy) < len(prompts):
+        missing = prompts[len(greedy):]
+        greedy += [dict(s, prompt=p) for s, p in zip(distill(missing), missing)]
+        if cache is not None:
+            _write_cache(cache, greedy)
+    if not samples:
+        return greedy
+
+    # round j holds the j-th sample of every prompt, so asking for more samples only appends rounds
+    expected = [(p, {"sample": j, "temperature": temperature}) for j in range(samples) for p in prompts]
+    sampled_cache = cache.with_suffix(".sampled.jsonl") if cache is not None else None
+    sampled = _read_cache(sampled_cache, expected, lambda n: f"sample {(n - 1) // len(prompts)} of built-in prompt "
+                                                             f"{(n - 1) % len(prompts) + 1}")
+    while len(sampled) < len(expected):
+        j, done = divmod(len(sampled), len(prompts))
+        missing = prompts[done:]
+        responses = distill(missing, temperature=temperature, seed=settings.get("seed", 0) * 1000 + j)
+        sampled += [dict(s, prompt=p, sample=j, temperature=temperature) for s, p in zip(responses, missing)]
+        if sampled_cache is not None:
+            _write_cache(sampled_cache, sampled)
+    return greedy + sampled

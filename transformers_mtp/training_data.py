@@ -33,22 +33,32 @@ def read_jsonl(path):
 
 
 @torch.inference_mode()
-def self_distill(model, tokenizer, prompts, *, max_new_tokens=128, batch_size=16, progress=True):
+def self_distill(model, tokenizer, prompts, *, max_new_tokens=128, batch_size=16, temperature=None, seed=0,
+                 progress=True):
     """
-    The base model's own greedy responses to `prompts` (strings, formatted with the chat template), generated in
-    left-padded batches. Returns sequences: dicts with `input_ids` (prompt + response) and `prompt_length`.
+    The base model's own responses to `prompts` (strings, formatted with the chat template), generated in
+    left-padded batches: greedy by default, or sampled at `temperature` (seeded with `seed`; the samples depend on
+    the device and the batch size, as sampling in `generate()` does). Returns sequences: dicts with `input_ids`
+    (prompt + response) and `prompt_length`.
     """
     if not prompts:
         raise ValueError("self_distill() got no prompts; pass at least one prompt string.")
+    if temperature is not None and temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be positive; leave it unset for greedy responses.")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sampling = {"do_sample": False} if temperature is None else {"do_sample": True, "temperature": temperature}
+    if temperature is not None:
+        torch.manual_seed(seed)
     sequences = []
-    for start in tqdm(range(0, len(prompts), batch_size), desc="self-distilling", disable=not progress):
+    desc = "self-distilling" if temperature is None else f"self-distilling (sampled, T={temperature})"
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress):
         encoded = [chat_ids(tokenizer, text) for text in prompts[start : start + batch_size]]
         width = max(len(ids) for ids in encoded)
-        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded])
-        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
+        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=model.device)
+        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded],
+                                      device=model.device)
         out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=pad_id)
+                             pad_token_id=pad_id, **sampling)
         for row, ids in enumerate(encoded):
             response = out[row, width:].tolist()
             if tokenizer.eos_token_id in response:  # keep the EOS, drop the padding after it
@@ -103,7 +113,7 @@ def check_sequences(sequences, *, num_heads, vocab_size):
 
 
 @torch.inference_mode()
-def cache_trunk_features(model, sequences, *, all_features=False, progress=True):
+def cache_trunk_features(model, sequences, *, all_features=False, batch_size=1, progress=True):
     """
     One teacher-forced trunk pass per sequence. The trunk is frozen, so its outputs are computed once instead of at
     every epoch; training then runs only the heads and the shared lm_head.
@@ -112,23 +122,31 @@ def cache_trunk_features(model, sequences, *, all_features=False, progress=True)
     layer's `keys` / `values` [kvH, T, D] for `query_extension` heads, `next_ids` [T] (the token after each position,
     0 at the end) and `teacher` [T]: the base model's argmax at each position, -100 before the last prompt token.
     `all_features=True` keeps everything any head type reads, so one cache serves a comparison of head types.
+    `batch_size > 1` runs right-padded batches (a GPU's way; the padding comes after every real token, so causal
+    attention keeps it out of the real positions' features). The features stay on the model's device.
     """
     model.eval()
     with_layer_input = model.uses_layer_input or all_features
     share_kv = (model.uses_layer_input and model.config.head_share_kv) or all_features
     features = []
-    for sequence in tqdm(sequences, desc="caching trunk features", disable=not progress):
-        ids = torch.tensor([sequence["input_ids"]])
+    for start in tqdm(range(0, len(sequences), batch_size), desc="caching trunk features", disable=not progress):
+        chunk = sequences[start : start + batch_size]
+        width = max(len(s["input_ids"]) for s in chunk)
+        ids = torch.tensor([s["input_ids"] + [0] * (width - len(s["input_ids"])) for s in chunk], device=model.device)
         normed, layer_input, cache = model._trunk_forward(ids, use_cache=share_kv, need_layer_input=with_layer_input)
-        teacher = model.lm_head(normed)[0].argmax(-1)
-        teacher[: max(sequence["prompt_length"] - 1, 0)] = -100
-        item = {"normed": normed[0].clone(), "teacher": teacher,
-                "next_ids": torch.cat([ids[0, 1:], ids.new_zeros(1)])}
-        if with_layer_input:
-            item["layer_input"] = layer_input[0].clone()
-        if share_kv:
-            item["keys"], item["values"] = cache.layers[-1].keys[0].clone(), cache.layers[-1].values[0].clone()
-        features.append(item)
+        teachers = model.lm_head(normed).argmax(-1)
+        for row, sequence in enumerate(chunk):
+            length = len(sequence["input_ids"])
+            teacher = teachers[row, :length].clone()
+            teacher[: max(sequence["prompt_length"] - 1, 0)] = -100
+            item = {"normed": normed[row, :length].clone(), "teacher": teacher,
+                    "next_ids": torch.cat([ids[row, 1:length], ids.new_zeros(1)])}
+            if with_layer_input:
+                item["layer_input"] = layer_input[row, :length].clone()
+            if share_kv:
+                item["keys"] = cache.layers[-1].keys[row, :, :length].clone()
+                item["values"] = cache.layers[-1].values[row, :, :length].clone()
+            features.append(item)
     return features
 
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One prepared GPU session (see benchmarks/README or the closing notes): train the heads with the GPU preset, then
+# run `bench` on CUDA in bf16 and fp32, and a second training on the greedy responses alone (the data-scaling
+# control). Every stage has its own time limit, and what each leaves is packed into $OUT as soon as it ends.
+#   PRESET=configuration/smollm2-135m-gpu.yaml OUT=/tmp/out bash benchmarks/gpu_run.sh
+# Environment: PRESET, OUT, DEVICE (cuda), BENCH_LIMIT (8 prompts), BENCH_TOKENS (128), and TRAIN_S / BENCH_S /
+# CONTROL_S: seconds allowed to each stage.
+set -u
+PRESET=${PRESET:-configuration/smollm2-135m-gpu.yaml}
+OUT=${OUT:?set OUT to the folder for results}
+DEVICE=${DEVICE:-cuda}
+RUN=${RUN:-outputs/gpu-run}
+export PYTHONUNBUFFERED=1 TRANSFORMERS_MTP_DEBUG=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT" "$RUN"
+stamp() { echo "=== $(date +%T) $*"; }
+pack() {  # pack FILE.tar.gz PATHS...: whatever of PATHS exists
+  local name=$1; shift
+  local present=(); for p in "$@"; do [ -e "$p" ] && present+=("$p"); done
+  [ ${#present[@]} -gt 0 ] && tar czf "$OUT/$name" "${present[@]}" && ls -la "$OUT/$name"
+}
+
+stamp environment
+python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__,
+'peft', peft.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
+
+stamp "train (${TRAIN_S:-330} s)"
+rm -rf "$RUN/heads"
+timeout "${TRAIN_S:-330}" python3 -m transformers_mtp train --preset "$PRESET" --output-dir "$RUN/heads" \
+  --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$OUT/train.log" | tail -40
+cache=$(python3 -c "import yaml,sys; print(yaml.safe_load(open('$PRESET'))['train']['data_cache'])")
+pack heads.tar.gz "$RUN/heads/adapter" "$RUN/heads/trainer_state.json"
+pack corpus.tar.gz "$cache" "${cache%.jsonl}.sampled.jsonl"
+
+stamp "bench on $DEVICE (${BENCH_S:-150} s)"
+model_arg=(); [ -f "$RUN/heads/merged/config.json" ] && model_arg=(--model "$RUN/heads/merged")
+for dtype in bfloat16 float32; do
+  timeout "${BENCH_S:-150}" python3 -m transformers_mtp bench "${model_arg[@]}" --device "$DEVICE" --dtype "$dtype" \
+    --limit "${BENCH_LIMIT:-8}" --max-new-tokens "${BENCH_TOKENS:-128}" --modes verified prompt_lookup \
+    --output-dir "$RUN/bench-$dtype" 2>&1 | grep -v "it/s\]$" | tail -25
+done
+pack bench.tar.gz "$RUN/bench-bfloat16" "$RUN/bench-float32"
+
+stamp "control: greedy responses only (${CONTROL_S:-150} s)"
+sed 's/^  sampled_per_prompt: .*/  sampled_per_prompt: 0/' "$PRESET" > "$RUN/greedy-only.yaml"
+rm -rf "$RUN/greedy-only"
+timeout "${CONTROL_S:-150}" python3 -m transformers_mtp train --preset "$RUN/greedy-only.yaml" \
+  --output-dir "$RUN/greedy-only" --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$OUT/control.log" | tail -15
+pack control.tar.gz "$RUN/greedy-only/adapter" "$RUN/greedy-only/trainer_state.json"
+stamp done
