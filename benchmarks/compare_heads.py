@@ -1,6 +1,7 @@
 """Which trained heads draft best? Tokens per forward pass and per-head acceptance of several head adapters (as
 `transformers-mtp train` writes them into OUTPUT_DIR/adapter) on the 16 benchmark prompts, greedy verified decoding
-at 128 new tokens, with and without context lookup; every output is checked against plain greedy.
+at 128 new tokens, with and without context lookup (and the draft datastore); every output is checked against
+plain greedy.
 
 Tokens per forward depend on the heads and the prompts only, not on the machine's load, so this compares heads
 cheaply; speed is measured by `transformers-mtp bench` on the heads it picks.
@@ -25,6 +26,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("adapters", nargs="+", help="adapter folders (with multi_token.json)")
     parser.add_argument("--lookups", nargs="+", type=int, default=[0, 3], help="draft_lookup_ngram values")
+    parser.add_argument("--datastore", nargs="+", choices=["on", "off"], default=["on"],
+                        help="draft datastore on / off (adapters that have one; others always run without)")
     parser.add_argument("--k", type=int, default=None, help="num_predict_heads (default: each adapter's)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
@@ -37,8 +40,9 @@ def main():
     for folder in args.adapters:
         settings = json.loads((Path(folder) / DEFAULT_HEADS_SETTINGS).read_text())
         model = load_trained_heads(transformers_mtp.convert(base, **settings), folder).eval()
-        for lookup in args.lookups:
-            row = {"adapter": folder, "head_input": settings["head_input"], "lookup": lookup,
+        has_datastore = settings.get("draft_datastore_size") is not None
+        for lookup, datastore in [(n, d) for n in args.lookups for d in (args.datastore if has_datastore else ["off"])]:
+            row = {"adapter": folder, "head_input": settings["head_input"], "lookup": lookup, "datastore": datastore,
                    "k": args.k or settings["num_predict_heads"]}
             for kind in ("code", "chat"):
                 tokens = forwards = identical = 0
@@ -48,7 +52,8 @@ def main():
                         continue
                     out = model.generate(prompt["input_ids"], max_new_tokens=args.max_new_tokens, do_sample=False,
                                          multi_token_mode=True, num_predict_heads=row["k"],
-                                         draft_lookup_ngram=lookup, return_dict_in_generate=True)
+                                         draft_lookup_ngram=lookup, draft_datastore=datastore == "on" and has_datastore,
+                                         return_dict_in_generate=True)
                     stats = out.multi_token_stats
                     tokens, forwards = tokens + stats.new_tokens, forwards + stats.forward_passes
                     identical += int(torch.equal(out.sequences, expected))
@@ -58,11 +63,11 @@ def main():
                              "head_acceptance": [a / p for a, p in zip(accepted, proposed) if p]}
             results.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| heads | lookup | tokens per forward, code / chat | head acceptance, code | head acceptance, chat "
-          "| identical |\n|---|---|---|---|---|---|")
+    print("\n| heads | lookup | datastore | tokens per forward, code / chat | head acceptance, code | head acceptance, chat "
+          "| identical |\n|---|---|---|---|---|---|---|")
     for row in results:
         code, chat = row["code"], row["chat"]
-        print(f"| {row['adapter']} ({row['head_input']}) | {row['lookup']} | {code['tokens_per_forward']:.2f} / "
+        print(f"| {row['adapter']} ({row['head_input']}) | {row['lookup']} | {row['datastore']} | {code['tokens_per_forward']:.2f} / "
               f"{chat['tokens_per_forward']:.2f} | {' / '.join(f'{a:.2f}' for a in code['head_acceptance'])} | "
               f"{' / '.join(f'{a:.2f}' for a in chat['head_acceptance'])} | "
               f"{code['identical'] + chat['identical']} / {len(prompts)} |")

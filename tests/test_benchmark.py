@@ -1,8 +1,9 @@
 import json
 
 import torch
-from conftest import VOCAB, tiny_mtp
+from conftest import VOCAB, tiny_base, tiny_mtp
 
+import transformers_mtp
 from transformers_mtp.benchmark import (
     batched_markdown_table,
     markdown_table,
@@ -73,3 +74,22 @@ def test_prompt_files(tmp_path):
     bad.write_text('{"text": "no prompt key"}\n')
     with pytest.raises(ValueError, match='needs a "prompt" string'):
         load_prompts(bad)
+
+
+def test_benchmark_compares_the_draft_datastore_on_and_off(tmp_path):
+    from transformers_mtp.draft_datastore import build_draft_datastore
+
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, draft_datastore_size=100).eval()
+    prompts = [{"id": f"p{i}", "kind": "code", "input_ids": torch.randint(3, VOCAB, (1, 6), generator=torch.Generator()
+                                                                          .manual_seed(i))} for i in range(2)]
+    answers = [{"input_ids": model.generate(p["input_ids"], max_new_tokens=12, do_sample=False)[0].tolist(),
+                "prompt_length": 6} for p in prompts]
+    model.set_draft_datastore(*build_draft_datastore(answers, vocab_size=VOCAB, length=2, max_entries=100, min_count=1))
+    result = run_benchmark(model, prompts, modes=["verified"], lookups=[0], datastores=[True, False],
+                           max_new_tokens=12, warmup=False, progress=False)
+    verified = {r["datastore"]: r for r in result["records"] if r["mode"] == "verified" and r["prompt_id"] == "p0"}
+    assert set(verified) == {True, False} and all(r["identical"] for r in verified.values())
+    assert verified[True]["forward_passes"] < verified[False]["forward_passes"]  # its own answer, drafted from store
+    table = markdown_table(result["summary"])
+    assert "| verified k=3 datastore=on (all) | 2 |" in table and "| verified k=3 datastore=off (all) | 2 |" in table
+    write_report(result, tmp_path)

@@ -346,3 +346,69 @@ def test_every_head_drafts_each_step(head_type, extra):
                          multi_token_mode=True, draft_lookup_ngram=0, return_dict_in_generate=True)
     proposed = out.multi_token_stats.head_proposed
     assert len(proposed) == 3 and proposed[0] >= proposed[2] > 0 and proposed[0] - proposed[2] <= 2, proposed
+
+
+# --- draft datastore ----------------------------------------------------------------------------------------------
+def test_build_draft_datastore_keeps_the_most_frequent_continuations():
+    from transformers_mtp.draft_datastore import build_draft_datastore
+    from transformers_mtp.generation_multi_token import datastore_continuation, datastore_key
+
+    answers = [{"input_ids": [9, 5, 6, 7, 8, 9, 10], "prompt_length": 2},   # (5, 6, 7) -> (8, 9) twice ...
+               {"input_ids": [5, 6, 7, 8, 9, 11], "prompt_length": 3},
+               {"input_ids": [5, 6, 7, 4, 4, 12], "prompt_length": 3}]     # ... and (4, 4) once
+    keys, tokens = build_draft_datastore(answers, vocab_size=20, length=2, max_entries=10, min_count=2)
+    assert keys.tolist() == [datastore_key(torch.tensor([5, 6, 7]), 20).item()] and tokens.tolist() == [[8, 9]]
+    assert datastore_continuation(torch.tensor([3, 5, 6, 7]), 2, (keys, tokens), 20).tolist() == [8, 9]
+    assert datastore_continuation(torch.tensor([3, 5, 6, 7]), 1, (keys, tokens), 20).tolist() == [8]
+    assert datastore_continuation(torch.tensor([3, 5, 6, 8]), 2, (keys, tokens), 20).tolist() == []
+    assert datastore_continuation(torch.tensor([6, 7]), 2, (keys, tokens), 20).tolist() == []  # shorter than 3
+    keys, tokens = build_draft_datastore(answers, vocab_size=20, length=2, max_entries=2, min_count=1)
+    assert keys.shape == (2,) and bool((keys[1:] > keys[:-1]).all())  # the 2 most frequent, sorted for search
+    assert build_draft_datastore(answers[::-1], vocab_size=20, length=2, max_entries=2, min_count=1)[0].equal(keys)
+
+
+@pytest.mark.parametrize("head_type,extra", [("resblock", {}), ("query_extension", {"head_input": "sequential"})])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_datastore_drafts_stay_greedy_and_survive_save_and_load(arch, head_type, extra, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from transformers_mtp.draft_datastore import build_draft_datastore
+
+    model = randomize_heads(transformers_mtp.convert(tiny_base(arch), num_heads=4, head_type=head_type,
+                                                     draft_datastore_size=400, **extra), 0, 0.5).eval()
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, VOCAB, (1, n), generator=generator) for n in (3, 5, 8, 12)]
+    # a datastore from the model's own greedy answers to half the prompts, plus a corrupted copy of some entries:
+    # its drafts are often right and sometimes wrong
+    answers = [{"input_ids": greedy(model, p, max_new_tokens=30)[0].tolist(), "prompt_length": p.shape[1]}
+               for p in prompts[:2]]
+    keys, tokens = build_draft_datastore(answers, vocab_size=VOCAB, length=3, max_entries=400, min_count=1)
+    tokens[::3] = (tokens[::3] + 1) % VOCAB
+    model.set_draft_datastore(keys, tokens)
+    hits = 0
+    for prompt in prompts:
+        for k in (2, 4):
+            expected = greedy(model, prompt, max_new_tokens=30)
+            out = mtp(model, prompt, max_new_tokens=30, num_predict_heads=k, draft_lookup_ngram=0)
+            assert torch.equal(out.sequences, expected)
+            off = mtp(model, prompt, max_new_tokens=30, num_predict_heads=k, draft_lookup_ngram=0, draft_datastore=False)
+            assert torch.equal(off.sequences, expected)
+            hits += out.multi_token_stats.forward_passes < off.multi_token_stats.forward_passes
+    assert hits > 0  # the datastore saved forward passes somewhere
+    model.save_pretrained(tmp_path / "saved")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    assert loaded.config.draft_datastore_size == 400
+    assert all(torch.equal(a, b) for a, b in zip(loaded.draft_datastore(), model.draft_datastore()))
+
+
+def test_datastore_errors_are_clear():
+    model = tiny_mtp("llama")
+    with pytest.raises(ValueError, match="draft_datastore=True, but this model has no draft datastore"):
+        mtp(model, torch.randint(3, VOCAB, (1, 4)), max_new_tokens=5, draft_datastore=True)
+    with pytest.raises(ValueError, match="draft_datastore_size=0 must be a positive number of entries"):
+        transformers_mtp.convert(tiny_base("llama"), num_heads=3, draft_datastore_size=0)
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, draft_datastore_size=2)
+    with pytest.raises(ValueError, match="does not fit this model: it holds at most draft_datastore_size=2"):
+        model.set_draft_datastore(torch.arange(3), torch.zeros(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="must be sorted and unique"):
+        model.set_draft_datastore(torch.tensor([5, 2]), torch.zeros(2, 2, dtype=torch.long))

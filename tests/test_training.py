@@ -258,3 +258,22 @@ def test_batched_feature_cache_matches_one_sequence_at_a_time(arch, extra):
                 torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
             else:
                 assert torch.equal(a[key], b[key]), key
+
+
+def test_training_builds_the_draft_datastore_and_the_adapter_carries_it(tmp_path):
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock", draft_datastore_size=50)
+    sequences = greedy_sequences(model, count=8)
+    config = HeadTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=4,
+                                eval_steps=2, save_steps=2, logging_steps=1, datastore_min_count=1)
+    merged, _ = train_heads(model, sequences, config, progress=False)
+    keys, tokens = merged.draft_datastore()
+    used = keys < 2**62
+    assert 0 < int(used.sum()) <= 50 and tokens.shape == (50, 2)
+    assert (tmp_path / "run" / "adapter" / "draft_datastore.safetensors").is_file()
+    fresh = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock", draft_datastore_size=50)
+    loaded = load_trained_heads(fresh, tmp_path / "run" / "adapter")
+    assert torch.equal(loaded.draft_datastore()[0], keys) and torch.equal(loaded.draft_datastore()[1], tokens)
+    (tmp_path / "run" / "adapter" / "draft_datastore.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="draft_datastore.safetensors is missing"):
+        load_trained_heads(transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock",
+                                                    draft_datastore_size=50), tmp_path / "run" / "adapter")

@@ -228,8 +228,9 @@ def cmd_bench(args):
         prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
     num_heads = model.config.num_heads
     ks = list(range(2, num_heads + 1)) if args.k_sweep else [args.num_predict_heads] if args.num_predict_heads else None
+    datastores = [value == "on" for value in args.draft_datastore] if args.draft_datastore else None
     result = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
-                           lookups=args.draft_lookup_ngrams, max_new_tokens=args.max_new_tokens)
+                           lookups=args.draft_lookup_ngrams, datastores=datastores, max_new_tokens=args.max_new_tokens)
     if args.batch_sizes:
         result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
                                                   k=args.num_predict_heads, max_new_tokens=args.max_new_tokens)
@@ -346,6 +347,8 @@ def build_parser():
     bench.add_argument("--draft-lookup-ngrams", nargs="+", type=int, default=None, metavar="N",
                        help="context-lookup n-gram sizes of the verified modes (0 = drafts from the heads only; "
                             "default: the model's generation config)")
+    bench.add_argument("--draft-datastore", nargs="+", choices=["on", "off"], default=None,
+                       help="draft datastore on / off in the multi-token modes (default: on when the model has one)")
     bench.add_argument("--batch-sizes", nargs="+", type=int, default=None, metavar="B",
                        help="also measure batched greedy vs batched verified decoding at these batch sizes")
     bench.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the generation config's)")

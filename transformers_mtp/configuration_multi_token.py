@@ -45,6 +45,11 @@ class MultiTokenConfigMixin:
             Draft over the `draft_vocab_size` tokens the base model emits most (chosen at training, EAGLE-3 style)
             instead of the whole vocabulary: drafting and head training get several times cheaper, and a token
             outside that set is simply never drafted (verification keeps the output exact). `None`: full vocabulary.
+        draft_datastore_size (`int`, *optional*):
+            Entries of the draft datastore: for the most frequent 3-token contexts in the model's own training answers,
+            the `num_heads - 1` tokens that most often followed (REST-style retrieval drafting, built at training).
+            When a row's last 3 tokens are in it (and nothing was copied from the row's own context), its tokens are
+            drafted instead of the heads'. Verification keeps the output exact. `None`: no datastore.
         head_loss_weights (`list[float]`, *optional*):
             Weight of each head's cross-entropy in the aggregated loss (length `num_heads`, head 0 first). `None`
             means a plain mean over heads, as seed 004 recommends.
@@ -57,6 +62,7 @@ class MultiTokenConfigMixin:
     head_share_kv: bool = True
     head_loss_weights: list[float] | None = None
     draft_vocab_size: int | None = None
+    draft_datastore_size: int | None = None
 
     @property
     def head_reads_next_token(self) -> bool:
@@ -90,6 +96,13 @@ class MultiTokenConfigMixin:
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size} is out of range; pass 1 to vocab_size={self.vocab_size}, "
                 "or None for the full vocabulary."
+            )
+        if self.draft_datastore_size is not None and (isinstance(self.draft_datastore_size, bool)
+                                                       or not isinstance(self.draft_datastore_size, int)
+                                                       or self.draft_datastore_size < 1):
+            raise ValueError(
+                f"draft_datastore_size={self.draft_datastore_size!r} must be a positive number of entries, or None for "
+                "no draft datastore."
             )
         if self.head_loss_weights is not None:
             weights = self.head_loss_weights

@@ -22,7 +22,8 @@ Each step (gpt-fast style, one stage per function):
             masked out of the attention mask (rows accept different numbers of drafts)
     draft:  heads at each row's last accepted position -> its next drafts (no extra trunk pass); with
             `draft_confidence_threshold`, a row's drafts stop at the first one the head is unsure of; with
-            `draft_lookup_ngram`, tokens that followed the row's last n-gram earlier in the row come first
+            `draft_lookup_ngram`, tokens that followed the row's last n-gram earlier in the row come first, else
+            (with a draft datastore) the tokens that most often followed its last 3 tokens in the training answers
 
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
@@ -36,6 +37,8 @@ from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 MULTI_TOKEN_MODES = ("verified", "unverified")
+DATASTORE_NGRAM = 3  # the draft datastore is keyed by a row's last 3 tokens
+DATASTORE_EMPTY_KEY = 2**62  # an unused datastore entry: above any real key (vocab_size**3 < 2**62 up to 1.6M tokens)
 _IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")
 
 
@@ -128,6 +131,24 @@ def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
     return ngram
 
 
+def resolve_draft_datastore(model, use, generation_config=None):
+    """The draft datastore to draft from, or None: `draft_datastore` (True / False), else the generation config's,
+    else True whenever the model has one."""
+    explicit = use is not None
+    if use is None:
+        use = _generation_config_value(model, "draft_datastore", generation_config)
+        use = True if use is None else use
+    if not isinstance(use, bool):
+        raise ValueError(f"draft_datastore={use!r} must be True or False.")
+    datastore = model.draft_datastore() if use else None
+    if explicit and use and datastore is None:
+        raise ValueError(
+            "draft_datastore=True, but this model has no draft datastore (config.draft_datastore_size is None); "
+            "train its heads with draft_datastore_size set, or leave draft_datastore unset."
+        )
+    return datastore
+
+
 def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, generation_config=None):
     """`draft_lookup_num_tokens`, else the generation config's, else num_predict_heads - 1 (as many as the heads)."""
     if num_tokens is None:
@@ -160,6 +181,28 @@ def context_continuation(tokens, count, max_ngram):
             start = int(full[-1]) if full.shape[0] else int(starts[0])
             return tokens[start : start + count]
     return tokens[:0]
+
+
+def datastore_key(ngrams, vocab_size):
+    """One int64 key per 3-token context: `ngrams` [..., 3] -> [...] (a base-`vocab_size` number)."""
+    ngrams = ngrams.long()
+    return (ngrams[..., 0] * vocab_size + ngrams[..., 1]) * vocab_size + ngrams[..., 2]
+
+
+def datastore_continuation(tokens, count, datastore, vocab_size):
+    """
+    Retrieval drafting (as REST, He et al. 2024): the first `count` of the tokens that most often followed the row's
+    last 3 tokens in the model's own training answers. tokens: [L]; datastore: (sorted keys [M], tokens [M, n]).
+    Returns [<= count] (empty when the context is not in the datastore).
+    """
+    keys, table = datastore
+    if count <= 0 or tokens.shape[0] < DATASTORE_NGRAM:
+        return tokens[:0]
+    key = datastore_key(tokens[-DATASTORE_NGRAM:], vocab_size).to(keys.device)
+    index = int(torch.searchsorted(keys, key[None]))
+    if index >= keys.shape[0] or int(keys[index]) != int(key):
+        return tokens[:0]
+    return table[index, :count].to(tokens.device, tokens.dtype)
 
 
 def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer):
@@ -232,7 +275,7 @@ class _Decoder:
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
                  attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold,
-                 lookup_ngram=0, lookup_num_tokens=0):
+                 lookup_ngram=0, lookup_num_tokens=0, datastore=None):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
         self.unfinished = [True] * len(self.rows)
@@ -245,6 +288,7 @@ class _Decoder:
         self.draft_threshold = draft_threshold
         self.lookup_ngram = lookup_ngram
         self.lookup_num_tokens = lookup_num_tokens if lookup_ngram else 0
+        self.datastore = datastore
         # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
         self.attention_mask = attention_mask if attention_mask is not None else input_ids.new_ones(input_ids.shape)
         if position_ids is None:  # as generate() computes them: cumsum of the mask under padding
@@ -363,10 +407,16 @@ class _Decoder:
         after verification.
         """
         counts = [self.num_drafts(i, max_length) for i in range(self.batch_size)]
-        # tokens that followed the row's last n-gram earlier in the row come first; the heads draft the rest
+        # tokens that followed the row's last n-gram earlier in the row (else in the draft datastore) come first; the
+        # heads draft the rest
         contexts = [context_continuation(self.rows[i], self.num_drafts(i, max_length, self.lookup_num_tokens),
                                          self.lookup_ngram) if self.lookup_num_tokens and counts[i]
                     else self.rows[i][:0] for i in range(self.batch_size)]
+        if self.datastore is not None:  # nothing to copy from the row itself: what followed its last 3 tokens in
+            # the model's own training answers, if they are in the draft datastore
+            vocab_size = self.model.config.vocab_size
+            contexts = [c if c.shape[0] else datastore_continuation(self.rows[i], counts[i], self.datastore, vocab_size)
+                        for i, c in enumerate(contexts)]
         width = max(counts)
         if width == 0:
             return [next_tokens.new_empty(0) for _ in counts], None
@@ -499,6 +549,7 @@ def multi_token_decoding(
     draft_confidence_threshold=0.0,
     draft_lookup_ngram=0,
     draft_lookup_num_tokens=0,
+    draft_datastore=None,
     **model_kwargs,
 ):
     """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`."""
@@ -518,7 +569,7 @@ def multi_token_decoding(
         num_predict_heads=num_predict_heads, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
         keep_scores=keep_scores, do_sample=generation_config.do_sample,
         pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
-        lookup_ngram=draft_lookup_ngram, lookup_num_tokens=draft_lookup_num_tokens,
+        lookup_ngram=draft_lookup_ngram, lookup_num_tokens=draft_lookup_num_tokens, datastore=draft_datastore,
     )
     decoder.stats.verified = verify
     step = _verified_steps if verify else _unverified_steps

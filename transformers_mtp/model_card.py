@@ -55,6 +55,7 @@ def render_model_card(model, *, base_model, repo_id=None, license=None, training
         num_predict_heads=getattr(model.generation_config, "num_predict_heads", None) or config.num_heads,
         head_type=config.head_type,
         head_input=config.head_input,
+        draft_datastore_size=getattr(config, "draft_datastore_size", None),
         training=training,
         measurements=measurements,
     )

@@ -19,9 +19,11 @@ from transformers.utils import logging
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
 from .generation_multi_token import (
+    DATASTORE_EMPTY_KEY,
     MULTI_TOKEN_MODES,
     multi_token_decoding,
     resolve_draft_confidence_threshold,
+    resolve_draft_datastore,
     resolve_draft_lookup_ngram,
     resolve_draft_lookup_num_tokens,
     resolve_num_predict_heads,
@@ -118,6 +120,11 @@ class MultiTokenPredictionMixin:
         if config.draft_vocab_size is not None:
             # saved with the heads (key mtp_heads.draft_token_ids); set from the base model's outputs at training
             self.mtp_heads.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
+        if config.draft_datastore_size is not None:
+            # saved with the heads; filled from the training answers by `set_draft_datastore` (empty until then)
+            size, length = config.draft_datastore_size, config.num_heads - 1
+            self.mtp_heads.register_buffer("datastore_keys", torch.full((size,), DATASTORE_EMPTY_KEY))
+            self.mtp_heads.register_buffer("datastore_tokens", torch.zeros((size, length), dtype=torch.long))
 
     def set_draft_vocabulary(self, token_ids):
         """Draft over these token ids only (`config.draft_vocab_size` of them)."""
@@ -125,6 +132,30 @@ class MultiTokenPredictionMixin:
         if token_ids.shape != (self.config.draft_vocab_size,):
             raise ValueError(f"Expected {self.config.draft_vocab_size} draft token ids, got shape {tuple(token_ids.shape)}.")
         self.mtp_heads.draft_token_ids.copy_(token_ids)
+
+    def set_draft_datastore(self, keys, tokens):
+        """Fill the draft datastore: `keys` [M] (sorted `datastore_key`s of 3-token contexts, M at most
+        `config.draft_datastore_size`) and `tokens` [M, num_heads - 1] (what followed each). Unused entries stay empty."""
+        size, length = self.config.draft_datastore_size or 0, self.config.num_heads - 1
+        keys, tokens = torch.as_tensor(keys, dtype=torch.long), torch.as_tensor(tokens, dtype=torch.long)
+        if keys.ndim != 1 or keys.shape[0] > size or tokens.shape != (keys.shape[0], length):
+            raise ValueError(
+                f"A draft datastore of {tuple(keys.shape)} keys and {tuple(tokens.shape)} tokens does not fit this "
+                f"model: it holds at most draft_datastore_size={self.config.draft_datastore_size} entries of "
+                f"num_heads - 1 = {length} tokens."
+            )
+        if keys.shape[0] > 1 and not bool((keys[1:] > keys[:-1]).all()):
+            raise ValueError("Draft datastore keys must be sorted and unique (see build_draft_datastore).")
+        self.mtp_heads.datastore_keys.fill_(DATASTORE_EMPTY_KEY)
+        self.mtp_heads.datastore_tokens.zero_()
+        self.mtp_heads.datastore_keys[: keys.shape[0]] = keys.to(self.mtp_heads.datastore_keys.device)
+        self.mtp_heads.datastore_tokens[: keys.shape[0]] = tokens.to(self.mtp_heads.datastore_tokens.device)
+
+    def draft_datastore(self):
+        """(keys [M], tokens [M, num_heads - 1]) of the draft datastore, or None without one."""
+        if self.config.draft_datastore_size is None:
+            return None
+        return self.mtp_heads.datastore_keys, self.mtp_heads.datastore_tokens
 
     def draft_unembedding(self):
         """(weight [N, H], token ids [N]) of the drafting vocabulary; (lm_head weight, None) for the full one."""
@@ -139,6 +170,9 @@ class MultiTokenPredictionMixin:
         last_layer = self._parts()[1]
         if self.config.draft_vocab_size is not None:
             self.mtp_heads.draft_token_ids.copy_(torch.arange(self.config.draft_vocab_size))
+        if self.config.draft_datastore_size is not None:
+            self.mtp_heads.datastore_keys.fill_(DATASTORE_EMPTY_KEY)
+            self.mtp_heads.datastore_tokens.zero_()
         for head in self.mtp_heads:
             if isinstance(head, (LinearHead, ResBlockHead)):
                 head.reset_parameters()
@@ -276,7 +310,7 @@ class MultiTokenPredictionMixin:
 
     # --- generation ---------------------------------------------------------------------------------------------
     def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
-                 draft_lookup_ngram=None, draft_lookup_num_tokens=None, **kwargs):
+                 draft_lookup_ngram=None, draft_lookup_num_tokens=None, draft_datastore=None, **kwargs):
         r"""
         `generate()` of the base model, plus multi-token decoding:
 
@@ -299,6 +333,9 @@ class MultiTokenPredictionMixin:
         - `draft_lookup_num_tokens` (defaults to `generation_config.draft_lookup_num_tokens`, else
           `num_predict_heads - 1`): the most tokens a step copies from the context; a repeated span is often right
           for many tokens, so it may be more than the heads draft.
+        - `draft_datastore` (defaults to `generation_config.draft_datastore`, else True when the model has a draft
+          datastore, see `config.draft_datastore_size`): when nothing was copied from the row's own context, the
+          tokens that most often followed its last 3 tokens in the model's training answers are drafted first.
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
@@ -308,7 +345,8 @@ class MultiTokenPredictionMixin:
             for name, value in (("num_predict_heads", num_predict_heads),
                                 ("draft_confidence_threshold", draft_confidence_threshold),
                                 ("draft_lookup_ngram", draft_lookup_ngram),
-                                ("draft_lookup_num_tokens", draft_lookup_num_tokens)):
+                                ("draft_lookup_num_tokens", draft_lookup_num_tokens),
+                                ("draft_datastore", draft_datastore)):
                 if value is not None:
                     raise ValueError(f"{name}={value} only applies with multi_token_mode=True; pass both or neither.")
             return super().generate(*args, **kwargs)
@@ -328,6 +366,7 @@ class MultiTokenPredictionMixin:
         draft_lookup_num_tokens = resolve_draft_lookup_num_tokens(
             self, draft_lookup_num_tokens, num_predict_heads, kwargs.get("generation_config")
         )
+        draft_datastore = resolve_draft_datastore(self, draft_datastore, kwargs.get("generation_config"))
         # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
         # streamer is bound here and stop strings are turned into their stopping criterion here (the same
         # `StopStringCriteria` that `generate()` would build).
@@ -335,7 +374,7 @@ class MultiTokenPredictionMixin:
             multi_token_decoding, multi_token_streamer=kwargs.get("streamer"),
             num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
             draft_confidence_threshold=draft_confidence_threshold, draft_lookup_ngram=draft_lookup_ngram,
-            draft_lookup_num_tokens=draft_lookup_num_tokens,
+            draft_lookup_num_tokens=draft_lookup_num_tokens, draft_datastore=draft_datastore,
         )
         _move_stop_strings_into_criteria(self, kwargs)
         return super().generate(*args, custom_generate=decoding, **kwargs)

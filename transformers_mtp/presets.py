@@ -6,14 +6,14 @@ from pathlib import Path
 import yaml
 
 PRESET_KEYS = ("base", "num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
-               "num_predict_heads", "draft_vocab_size", "train")
+               "num_predict_heads", "draft_vocab_size", "draft_datastore_size", "train")
 # keys of a preset's `train:` section: where the data comes from, then HeadTrainingConfig's fields
 TRAIN_DATA_KEYS = ("data", "num_prompts", "sampled_per_prompt", "sample_temperature", "max_new_tokens",
                    "distill_batch_size", "data_cache")
 TRAIN_KEYS = TRAIN_DATA_KEYS + ("lora_rank", "learning_rate", "num_train_epochs", "max_steps",
                                 "per_device_train_batch_size", "gradient_accumulation_steps", "warmup_ratio",
                                 "eval_fraction", "eval_steps", "save_steps", "logging_steps", "seed", "bf16",
-                                "feature_batch_size")
+                                "feature_batch_size", "datastore_min_count")
 # installed: transformers_mtp/configuration/ (setup.py maps the repository's configuration/ there); a source checkout
 # or an editable install: the repository's configuration/ itself
 PRESET_DIR = next((path for path in (Path(__file__).resolve().parent / "configuration",

@@ -27,6 +27,8 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
+from .draft_datastore import build_draft_datastore
+from .generation_multi_token import DATASTORE_EMPTY_KEY
 from .modeling_multi_token import aggregate_head_losses, head_cross_entropy
 from .saving import save_atomically
 from .training_data import cache_trunk_features, check_sequences, collate_features
@@ -47,6 +49,8 @@ class HeadTrainingConfig:
         eval_fraction (`float`, defaults to 0.05): share of sequences held out for evaluation.
         eval_steps / save_steps / logging_steps (`int`): evaluation, checkpoint and log intervals in steps.
         seed (`int`, defaults to 0). bf16 (`bool`, *optional*): defaults to True on CUDA, False on CPU.
+        datastore_min_count (`int`, defaults to 2): a 3-token context enters the draft datastore (models with
+            `draft_datastore_size`) when its most frequent continuation was seen at least this often.
         feature_batch_size (`int`, defaults to 1): sequences per trunk pass when caching features; raise it on a GPU
             (on a CPU a padded batch only adds work).
         overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
@@ -68,16 +72,18 @@ class HeadTrainingConfig:
     seed: int = 0
     bf16: bool | None = None
     feature_batch_size: int = 1
+    datastore_min_count: int = 2
     overwrite: bool = False
     resume: bool = False
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # PEFT adapters hold parameters only; the draft vocabulary rides beside
+DRAFT_DATASTORE_FILE = "draft_datastore.safetensors"  # likewise the draft datastore
 
 
 HEAD_SETTINGS_FILE = "multi_token.json"  # the convert() settings to rebuild the model this adapter belongs to
 HEAD_SETTING_KEYS = ("num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
-                     "draft_vocab_size")
+                     "draft_vocab_size", "draft_datastore_size")
 
 
 def _save_head_settings(model, folder):
@@ -89,6 +95,11 @@ def _save_head_settings(model, folder):
     draft_ids = model.draft_unembedding()[1]
     if draft_ids is not None:
         save_file({"draft_token_ids": draft_ids.contiguous().cpu()}, str(Path(folder) / DRAFT_VOCAB_FILE))
+    datastore = model.draft_datastore()
+    if datastore is not None:
+        used = int((datastore[0] != DATASTORE_EMPTY_KEY).sum())
+        save_file({"keys": datastore[0][:used].contiguous().cpu(), "tokens": datastore[1][:used].contiguous().cpu()},
+                  str(Path(folder) / DRAFT_DATASTORE_FILE))
 
 
 def load_trained_heads(model, adapter_dir):
@@ -101,6 +112,12 @@ def load_trained_heads(model, adapter_dir):
         if not vocab_file.is_file():
             raise FileNotFoundError(f"{vocab_file} is missing: this adapter was trained with a draft vocabulary.")
         merged.set_draft_vocabulary(load_file(str(vocab_file))["draft_token_ids"])
+    if merged.config.draft_datastore_size is not None:
+        datastore_file = adapter_dir / DRAFT_DATASTORE_FILE
+        if not datastore_file.is_file():
+            raise FileNotFoundError(f"{datastore_file} is missing: this adapter was trained with a draft datastore.")
+        datastore = load_file(str(datastore_file))
+        merged.set_draft_datastore(datastore["keys"], datastore["tokens"])
     return merged
 
 
@@ -297,6 +314,10 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     train_features, eval_features = features[: len(train_items)], features[len(train_items) :]
     if model.config.draft_vocab_size is not None:  # deterministic for the data and seed, so a resume recomputes it
         model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))
+    if model.config.draft_datastore_size is not None:  # from every answer: the datastore is not what eval measures
+        model.set_draft_datastore(*build_draft_datastore(
+            usable, vocab_size=model.config.vocab_size, length=model.config.num_heads - 1,
+            max_entries=model.config.draft_datastore_size, min_count=config.datastore_min_count))
 
     peft_model = get_peft_model(model, lora_config_for(model, config.lora_rank))
     on_cuda = model.device.type == "cuda"  # train where the caller put the model (and where the features are)
@@ -363,7 +384,7 @@ def _write_cache(cache, sequences):
     import json
 
     cache.parent.mkdir(parents=True, exist_ok=True)
-    staging = cache.with_suffix(".tmp")
+    staging = cache.with_suffix(f".{os.getpid()}.tmp")  # one per process: under torchrun every rank writes the same
     staging.write_text("".join(json.dumps(s) + "\n" for s in sequences))
     os.replace(staging, cache)  # atomic: a later run never reads half a file
 
