@@ -146,8 +146,8 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=
     stats = getattr(out, "multi_token_stats", None)
     record = RunRecord(
         prompt_id=prompt_id, kind=kind, mode=mode, k=1 if mode in ("greedy", "sample") else k,
-        threshold=threshold if mode in ("verified", "unverified", "verified_sample") else 0.0,
-        lookup=lookup if mode in ("verified", "unverified", "verified_sample") else 0, new_tokens=new_tokens,
+        threshold=threshold if mode in MULTI_TOKEN_BENCH_MODES else 0.0,
+        lookup=lookup if mode in MULTI_TOKEN_BENCH_MODES else 0, new_tokens=new_tokens,
         seconds=seconds, ttft=ttft, tpot=(seconds - ttft) / max(new_tokens - 1, 1), forward_passes=counter.count,
         head_proposed=list(stats.head_proposed) if stats else [], head_accepted=list(stats.head_accepted) if stats else [],
         accepted_per_step=list(stats.accepted_per_step) if stats else [], memory_bytes=memory,

@@ -144,8 +144,11 @@ class MultiTokenPredictionMixin:
                 f"model: it holds at most draft_datastore_size={self.config.draft_datastore_size} entries of "
                 f"num_heads - 1 = {length} tokens."
             )
-        if keys.shape[0] > 1 and not bool((keys[1:] > keys[:-1]).all()):
-            raise ValueError("Draft datastore keys must be sorted and unique (see build_draft_datastore).")
+        unsorted = (keys[1:] <= keys[:-1]).nonzero()
+        if unsorted.shape[0]:
+            position = int(unsorted[0, 0]) + 1
+            raise ValueError(f"Draft datastore key {position} ({int(keys[position])}) is not above the one before it: keys "
+                             "must be sorted and unique; build them with build_draft_datastore.")
         self.mtp_heads.datastore_keys.fill_(DATASTORE_EMPTY_KEY)
         self.mtp_heads.datastore_tokens.zero_()
         self.mtp_heads.datastore_keys[: keys.shape[0]] = keys.to(self.mtp_heads.datastore_keys.device)
