@@ -1,12 +1,13 @@
 """Which trained heads draft best? Tokens per forward pass and per-head acceptance of several head adapters (as
 `transformers-mtp train` writes them into OUTPUT_DIR/adapter) on the 16 benchmark prompts, greedy verified decoding
-at 128 new tokens, with and without context lookup (and the draft datastore); every output is checked against
-plain greedy.
+at 128 new tokens, with and without context lookup (and the draft datastore), drafting a chain or a tree of
+candidates per step (`--tree-sizes`); every output is checked against plain greedy.
 
 Tokens per forward depend on the heads and the prompts only, not on the machine's load, so this compares heads
 cheaply; speed is measured by `transformers-mtp bench` on the heads it picks.
 
     python benchmarks/compare_heads.py transformers_mtp/default_heads runs/smollm2/adapter --lookups 0 3
+    python benchmarks/compare_heads.py transformers_mtp/default_heads --k 4 --lookups 3 --tree-sizes 0 8 16
 """
 
 import argparse
@@ -29,6 +30,8 @@ def main():
     parser.add_argument("--datastore", nargs="+", choices=["on", "off"], default=["on"],
                         help="draft datastore on / off (adapters that have one; others always run without)")
     parser.add_argument("--k", type=int, default=None, help="num_predict_heads (default: each adapter's)")
+    parser.add_argument("--tree-sizes", nargs="+", type=int, default=[0],
+                        help="draft_tree_size values (0: one chain of drafts per step)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -41,9 +44,11 @@ def main():
         settings = json.loads((Path(folder) / DEFAULT_HEADS_SETTINGS).read_text())
         model = load_trained_heads(transformers_mtp.convert(base, **settings), folder).eval()
         has_datastore = settings.get("draft_datastore_size") is not None
-        for lookup, datastore in [(n, d) for n in args.lookups for d in (args.datastore if has_datastore else ["off"])]:
+        variants = [(n, d, t) for n in args.lookups for d in (args.datastore if has_datastore else ["off"])
+                    for t in args.tree_sizes]
+        for lookup, datastore, tree_size in variants:
             row = {"adapter": folder, "head_input": settings["head_input"], "lookup": lookup, "datastore": datastore,
-                   "k": args.k or settings["num_predict_heads"]}
+                   "tree_size": tree_size, "k": args.k or settings["num_predict_heads"]}
             for kind in ("code", "chat"):
                 tokens = forwards = identical = 0
                 proposed, accepted = [0] * 8, [0] * 8
@@ -53,6 +58,7 @@ def main():
                     out = model.generate(prompt["input_ids"], max_new_tokens=args.max_new_tokens, do_sample=False,
                                          multi_token_mode=True, num_predict_heads=row["k"],
                                          draft_lookup_ngram=lookup, draft_datastore=datastore == "on" and has_datastore,
+                                         draft_tree_size=tree_size,
                                          return_dict_in_generate=True)
                     stats = out.multi_token_stats
                     tokens, forwards = tokens + stats.new_tokens, forwards + stats.forward_passes
@@ -63,11 +69,12 @@ def main():
                              "head_acceptance": [a / p for a, p in zip(accepted, proposed) if p]}
             results.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| heads | lookup | datastore | tokens per forward, code / chat | head acceptance, code | head acceptance, chat "
-          "| identical |\n|---|---|---|---|---|---|---|")
+    print("\n| heads | k | lookup | datastore | tree size | tokens per forward, code / chat | head acceptance, code "
+          "| head acceptance, chat | identical |\n|---|---|---|---|---|---|---|---|---|")
     for row in results:
         code, chat = row["code"], row["chat"]
-        print(f"| {row['adapter']} ({row['head_input']}) | {row['lookup']} | {row['datastore']} | {code['tokens_per_forward']:.2f} / "
+        print(f"| {row['adapter']} ({row['head_input']}) | {row['k']} | {row['lookup']} | {row['datastore']} | "
+              f"{row['tree_size']} | {code['tokens_per_forward']:.2f} / "
               f"{chat['tokens_per_forward']:.2f} | {' / '.join(f'{a:.2f}' for a in code['head_acceptance'])} | "
               f"{' / '.join(f'{a:.2f}' for a in chat['head_acceptance'])} | "
               f"{code['identical'] + chat['identical']} / {len(prompts)} |")

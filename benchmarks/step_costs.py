@@ -1,7 +1,8 @@
 """Where a multi-token decoding step's time goes, on the embedded default model (fp32, this machine's CPU).
 
 Measures, each as the median of 30 runs after warm-up, on top of a cache holding a chat prompt:
-  - the trunk pass over T = 1..6 new tokens (what verifying k = T tokens costs),
+  - the trunk pass over T = 1..6, 8, 12 and 16 new tokens (what verifying k = T tokens, or a draft tree of T - 1
+    tokens, costs; trees pass a 4D mask, which costs the same as the causal one),
   - the lm_head multiply over 1..16 rows,
   - one verified step with freshly converted heads, split into trunk+lm_head and drafting.
 
@@ -38,7 +39,7 @@ def main():
     print(f"torch threads: {torch.get_num_threads()}, prompt: {length} tokens")
 
     one = None
-    for tokens in range(1, 7):
+    for tokens in (1, 2, 3, 4, 5, 6, 8, 12, 16):
         new = torch.randint(0, 1000, (1, tokens))
         positions = torch.arange(length, length + tokens)[None]
 

@@ -93,3 +93,18 @@ def test_benchmark_compares_the_draft_datastore_on_and_off(tmp_path):
     table = markdown_table(result["summary"])
     assert "| verified k=3 datastore=on (all) | 2 |" in table and "| verified k=3 datastore=off (all) | 2 |" in table
     write_report(result, tmp_path)
+
+
+def test_benchmark_compares_draft_trees_with_chains(tmp_path):
+    model = tiny_mtp("gpt2", num_heads=4, seed=5)
+    prompts = [{"id": f"p{i}", "kind": "chat", "input_ids": torch.randint(3, VOCAB, (1, 4 + i), generator=torch
+                                                                          .Generator().manual_seed(i))} for i in range(2)]
+    result = run_benchmark(model, prompts, modes=["verified", "unverified"], tree_sizes=[0, 6], max_new_tokens=12,
+                           warmup=False, progress=False)
+    records = result["records"]
+    # greedy, then verified as a chain and as a tree, then unverified (chains only)
+    assert sorted((r["mode"], r["tree_size"]) for r in records if r["prompt_id"] == "p0") == [
+        ("greedy", 0), ("unverified", 0), ("verified", 0), ("verified", 6)]
+    assert all(r["identical"] for r in records if r["mode"] == "verified")
+    assert "| verified k=4 lookup=3 tree=6 (all) | 2 |" in markdown_table(result["summary"])
+    write_report(result, tmp_path)

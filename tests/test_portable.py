@@ -29,6 +29,8 @@ LOAD_WITHOUT_PLUGIN = textwrap.dedent(
     out = model(inputs["ids"], output_head_logits=True)
     greedy = model.generate(inputs["prompt"], max_new_tokens=24, do_sample=False)
     mtp = model.generate(inputs["prompt"], max_new_tokens=24, do_sample=False, multi_token_mode=True)
+    tree = model.generate(inputs["prompt"], max_new_tokens=24, do_sample=False, multi_token_mode=True,
+                          draft_tree_size=6)
     assert not any(name.startswith("transformers_mtp") for name in sys.modules)
     print(json.dumps({
         "class_module": type(model).__module__,
@@ -36,6 +38,7 @@ LOAD_WITHOUT_PLUGIN = textwrap.dedent(
         "head_logits_equal": bool(torch.equal(out.head_logits, inputs["head_logits"])),
         "greedy_equal": bool(torch.equal(greedy, inputs["greedy"])),
         "mtp_equal_greedy": bool(torch.equal(mtp, greedy)),
+        "tree_equal_greedy": bool(torch.equal(tree, greedy)),
     }))
     """
 )
@@ -62,4 +65,4 @@ def test_loads_with_trust_remote_code_without_the_plugin(arch, tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["class_module"].startswith("transformers_modules.")
     assert result == {**result, "logits_equal": True, "head_logits_equal": True, "greedy_equal": True,
-                      "mtp_equal_greedy": True}
+                      "mtp_equal_greedy": True, "tree_equal_greedy": True}

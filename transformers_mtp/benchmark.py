@@ -55,6 +55,7 @@ class RunRecord:
     accepted_per_step: list[int] = field(default_factory=list)
     memory_bytes: int = 0  # CUDA: peak allocated; CPU: parameters + the KV cache at the end
     datastore: bool | None = None  # draft_datastore (multi-token modes; None = the model's default)
+    tree_size: int = 0  # draft_tree_size (verified greedy mode; 0 = one chain of drafts per step)
 
     @property
     def tokens_per_forward(self):
@@ -99,7 +100,7 @@ def _cache_bytes(cache):
                if t is not None)
 
 
-def generate_kwargs(mode, k, threshold=0.0, lookup=0, datastore=None):
+def generate_kwargs(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=0):
     """`generate()` arguments of a benchmark mode."""
     kwargs = {"do_sample": mode in SAMPLING_MODES, **(SAMPLING if mode in SAMPLING_MODES else {})}
     if mode in ("verified", "verified_sample"):
@@ -114,15 +115,17 @@ def generate_kwargs(mode, k, threshold=0.0, lookup=0, datastore=None):
         raise ValueError(f"mode={mode!r} is not one of {list(MODES)}.")
     if datastore is not None and mode in MULTI_TOKEN_BENCH_MODES:
         kwargs.update(draft_datastore=datastore)
+    if mode == "verified":
+        kwargs.update(draft_tree_size=tree_size)
     return kwargs
 
 
 @torch.inference_mode()
-def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=0, datastore=None, seed=0, prompt_id="",
-            kind=""):
+def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=0, datastore=None, tree_size=0, seed=0,
+            prompt_id="", kind=""):
     """Decode `input_ids` [1, T] in `mode` with `k` tokens per step; returns (sequences, RunRecord). Sampling modes
     draw with `torch.manual_seed(seed)`."""
-    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold, lookup, datastore))
+    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold, lookup, datastore, tree_size))
     torch.manual_seed(seed)
     device = input_ids.device
     if device.type == "cuda":
@@ -152,15 +155,16 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=
         head_proposed=list(stats.head_proposed) if stats else [], head_accepted=list(stats.head_accepted) if stats else [],
         accepted_per_step=list(stats.accepted_per_step) if stats else [], memory_bytes=memory,
         datastore=datastore if mode in MULTI_TOKEN_BENCH_MODES else None,
+        tree_size=tree_size if mode == "verified" else 0,
     )
     return out.sequences, record
 
 
-def benchmark_runs(modes, ks, thresholds=(0.0,), lookups=(0,), datastores=(None,)):
-    """(mode, k, threshold, lookup, datastore) of every measured variant, baselines first."""
-    runs = [("greedy", 1, 0.0, 0, None)]
+def benchmark_runs(modes, ks, thresholds=(0.0,), lookups=(0,), datastores=(None,), tree_sizes=(0,)):
+    """(mode, k, threshold, lookup, datastore, tree_size) of every measured variant, baselines first."""
+    runs = [("greedy", 1, 0.0, 0, None, 0)]
     if any(mode in SAMPLING_MODES for mode in modes):
-        runs.append(("sample", 1, 0.0, 0, None))
+        runs.append(("sample", 1, 0.0, 0, None, 0))
     for mode in modes:
         if mode in ("greedy", "sample"):
             continue
@@ -169,41 +173,44 @@ def benchmark_runs(modes, ks, thresholds=(0.0,), lookups=(0,), datastores=(None,
             for threshold in (thresholds if multi else (0.0,)):
                 for lookup in (lookups if multi else (0,)):
                     for datastore in (datastores if mode in MULTI_TOKEN_BENCH_MODES else (None,)):
-                        runs.append((mode, k, threshold, lookup, datastore))
+                        for tree_size in (tree_sizes if mode == "verified" else (0,)):
+                            runs.append((mode, k, threshold, lookup, datastore, tree_size))
     return runs
 
 
 def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=None, lookups=None, datastores=None,
-                  max_new_tokens=128, warmup=True, progress=True):
+                  tree_sizes=None, max_new_tokens=128, warmup=True, progress=True):
     """
     prompts: dicts with `id`, `kind` and `input_ids` [1, T]. ks: tokens per step to measure for the multi-token and
     prompt-lookup modes (default: the generation config's num_predict_heads). thresholds: draft-confidence thresholds
     and lookups: context-lookup n-gram sizes of the verified modes (default: the
     generation config's); datastores: draft datastore on / off (True / False) of the multi-token modes (default: the
-    model's default). Returns a JSON-ready dict.
+    model's default); tree_sizes: draft tree sizes of the verified greedy mode (default: the generation config's).
+    Returns a JSON-ready dict.
     """
     default_k = getattr(model.generation_config, "num_predict_heads", None) or model.config.num_heads
     ks = list(ks or [default_k])
     config = model.generation_config
     thresholds = list(thresholds or [getattr(config, "draft_confidence_threshold", None) or 0.0])
     lookups = list(lookups or [getattr(config, "draft_lookup_ngram", None) or 0])
-    runs = benchmark_runs(modes, ks, thresholds, lookups, list(datastores or [None]))
+    tree_sizes = list(tree_sizes or [getattr(config, "draft_tree_size", None) or 0])
+    runs = benchmark_runs(modes, ks, thresholds, lookups, list(datastores or [None]), tree_sizes)
     if warmup:  # one-time costs (allocator growth, kernel choice) land outside the timing
-        for mode, k, threshold, lookup, datastore in runs:
+        for mode, k, threshold, lookup, datastore, tree_size in runs:
             run_one(model, prompts[0]["input_ids"], mode=mode, k=k, threshold=threshold, lookup=lookup,
-                    datastore=datastore, max_new_tokens=8)
+                    datastore=datastore, tree_size=tree_size, max_new_tokens=8)
     records = []
     bar = tqdm(total=len(prompts) * len(runs), desc="bench", disable=not progress)
     for index, prompt in enumerate(prompts):
         order = runs[index % len(runs):] + runs[: index % len(runs)]  # rotate which mode runs first
         outputs = {}
-        for mode, k, threshold, lookup, datastore in order:
+        for mode, k, threshold, lookup, datastore, tree_size in order:
             sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, threshold=threshold, lookup=lookup,
-                                        datastore=datastore, max_new_tokens=max_new_tokens, seed=index,
-                                        prompt_id=prompt["id"], kind=prompt["kind"])
-            outputs[(mode, k, threshold, lookup, datastore)] = (sequences, record)
+                                        datastore=datastore, tree_size=tree_size, max_new_tokens=max_new_tokens,
+                                        seed=index, prompt_id=prompt["id"], kind=prompt["kind"])
+            outputs[(mode, k, threshold, lookup, datastore, tree_size)] = (sequences, record)
             bar.update()
-        greedy_sequences, greedy_record = outputs[("greedy", 1, 0.0, 0, None)]
+        greedy_sequences, greedy_record = outputs[("greedy", 1, 0.0, 0, None, 0)]
         for (mode, *_), (sequences, record) in outputs.items():
             if mode not in SAMPLING_MODES:
                 record.identical = bool(torch.equal(sequences, greedy_sequences))
@@ -227,21 +234,22 @@ def summarize(records):
     groups = {}
     for record in records:
         for kind in ("all", record.kind):
-            groups.setdefault((record.mode, record.k, record.threshold, record.lookup, record.datastore, kind),
-                              []).append(record)
+            groups.setdefault((record.mode, record.k, record.threshold, record.lookup, record.datastore,
+                               record.tree_size, kind), []).append(record)
     summary = []
 
     def order(item):  # mode first, then its settings; the model's default datastore (None) before on / off
-        mode, k, threshold, lookup, datastore, kind = item[0]
-        return MODES.index(mode), k, threshold, lookup, {None: 0, True: 1, False: 2}[datastore], kind
+        mode, k, threshold, lookup, datastore, tree_size, kind = item[0]
+        return MODES.index(mode), k, threshold, lookup, {None: 0, True: 1, False: 2}[datastore], tree_size, kind
 
-    for (mode, k, threshold, lookup, datastore, kind), group in sorted(groups.items(), key=order):
+    for (mode, k, threshold, lookup, datastore, tree_size, kind), group in sorted(groups.items(), key=order):
         base = [plain[(baseline_mode(mode), r.prompt_id)] for r in group]
         proposed = [sum(r.head_proposed[i] for r in group if len(r.head_proposed) > i)
                     for i in range(max((len(r.head_proposed) for r in group), default=0))]
         accepted = [sum(r.head_accepted[i] for r in group if len(r.head_accepted) > i) for i in range(len(proposed))]
         summary.append({
-            "mode": mode, "k": k, "threshold": threshold, "lookup": lookup, "datastore": datastore, "kind": kind,
+            "mode": mode, "k": k, "threshold": threshold, "lookup": lookup, "datastore": datastore,
+            "tree_size": tree_size, "kind": kind,
             "prompts": len(group),
             "baseline": baseline_mode(mode),
             "tokens_per_s": statistics.median(r.new_tokens / r.seconds for r in group),
@@ -256,10 +264,11 @@ def summarize(records):
     return summary
 
 
-def variant_label(mode, k, threshold=0.0, lookup=0, datastore=None):
+def variant_label(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=0):
     label = mode if mode in ("greedy", "sample") else f"{mode} k={k}"
     return (label + (f" t={threshold:g}" if threshold else "") + (f" lookup={lookup}" if lookup else "")
-            + ("" if datastore is None else f" datastore={'on' if datastore else 'off'}"))
+            + ("" if datastore is None else f" datastore={'on' if datastore else 'off'}")
+            + (f" tree={tree_size}" if tree_size else ""))
 
 
 def markdown_table(summary):
@@ -270,7 +279,7 @@ def markdown_table(summary):
         acceptance = " / ".join(f"{a:.2f}" for a in row["head_acceptance"]) or "-"
         identical = "-" if row["exact_match_rate"] is None else f"{row['exact_match_rate']:.0%}"
         label = variant_label(row["mode"], row["k"], row.get("threshold", 0.0), row.get("lookup", 0),
-                              row.get("datastore"))
+                              row.get("datastore"), row.get("tree_size", 0))
         lines.append(
             f"| {label} ({row['kind']}) | {row['prompts']} | {s['median']:.2f}x [{s['min']:.2f}, {s['max']:.2f}] vs "
             f"{row.get('baseline', 'greedy')} | {row['ttft_ratio']:.2f} | {row['tpot_ratio']:.2f} | "
@@ -374,14 +383,13 @@ def write_report(result, output_dir, *, environment=None):
         markdown += "\n" + batched_markdown_table(result["batched"])
     (output_dir / "bench.md").write_text(markdown)
     records = result["records"]
-    key = lambda r: (r["mode"], r["k"], r.get("threshold", 0.0), r.get("lookup", 0), r.get("datastore"))  # noqa: E731
+    key = lambda r: (r["mode"], r["k"], r.get("threshold", 0.0), r.get("lookup", 0), r.get("datastore"),  # noqa: E731
+                     r.get("tree_size", 0))
     multi = sorted({key(r) for r in records if r["mode"] not in ("greedy", "sample")}, key=lambda v: MODES.index(v[0]))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for variant in multi:
-        row = next(s for s in result["summary"]
-                   if (s["mode"], s["k"], s.get("threshold", 0.0), s.get("lookup", 0), s.get("datastore"), s["kind"])
-                   == (*variant, "all"))
+        row = next(s for s in result["summary"] if (*key(s), s["kind"]) == (*variant, "all"))
         if row["head_acceptance"]:
             ax.plot(range(1, len(row["head_acceptance"]) + 1), row["head_acceptance"], marker="o",
                     label=variant_label(*variant))

@@ -125,10 +125,11 @@ def cmd_generate(args):
     if not args.compare:
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False, streamer=streamer,
-                       multi_token_mode=True, num_predict_heads=args.num_predict_heads)
+                       multi_token_mode=True, num_predict_heads=args.num_predict_heads,
+                       draft_tree_size=args.draft_tree_size)
         return
     result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens,
-                                 num_predict_heads=args.num_predict_heads)
+                                 num_predict_heads=args.num_predict_heads, draft_tree_size=args.draft_tree_size)
     print(tokenizer.decode(result.multi_token_ids[0, ids.shape[1]:], skip_special_tokens=True))
     print(_summary(result))
 
@@ -176,12 +177,16 @@ def cmd_demo(args):
         base, tokenizer = transformers_mtp.load_default_base()
         model = transformers_mtp.convert(base, num_heads=4).eval()
     k = args.num_predict_heads or model.generation_config.num_predict_heads
-    print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {k - 1} tokens per step.")
-    warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k)
+    tree = args.draft_tree_size if args.draft_tree_size is not None else \
+        getattr(model.generation_config, "draft_tree_size", None) or 0
+    drafts = f"a tree of {tree} candidate tokens, {k - 1} deep," if tree else f"{k - 1} tokens"
+    print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {drafts} per step.")
+    warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k, draft_tree_size=tree)
     identical = 0
     for kind, text in DEMO_PROMPTS:
         ids = chat_input_ids(tokenizer, text)
-        result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens, num_predict_heads=k)
+        result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens, num_predict_heads=k,
+                                     draft_tree_size=tree)
         identical += result.identical
         answer = tokenizer.decode(result.multi_token_ids[0, ids.shape[1]:], skip_special_tokens=True)
         print(f"\n[{kind}] {text}\n{answer.strip()}\n-> {_summary(result)}")
@@ -227,13 +232,14 @@ def cmd_bench(args):
     for prompt in prompts:
         prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
     num_heads = model.config.num_heads
-    ks = list(range(2, num_heads + 1)) if args.k_sweep else [args.num_predict_heads] if args.num_predict_heads else None
+    ks = list(range(2, num_heads + 1)) if args.k_sweep else args.num_predict_heads
     datastores = [value == "on" for value in args.draft_datastore] if args.draft_datastore else None
     result = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
-                           lookups=args.draft_lookup_ngrams, datastores=datastores, max_new_tokens=args.max_new_tokens)
+                           lookups=args.draft_lookup_ngrams, datastores=datastores, tree_sizes=args.draft_tree_sizes,
+                           max_new_tokens=args.max_new_tokens)
     if args.batch_sizes:
         result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
-                                                  k=args.num_predict_heads, max_new_tokens=args.max_new_tokens)
+                                                  k=ks[0] if ks else None, max_new_tokens=args.max_new_tokens)
     environment = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
                    "model": args.model or ("embedded SmolLM2-135M-Instruct, "
@@ -263,6 +269,8 @@ def build_parser():
     demo = sub.add_parser("demo", help="greedy vs multi-token on the embedded default model",
                           epilog="example: transformers-mtp demo --max-new-tokens 64")
     demo.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the shipped setting)")
+    demo.add_argument("--draft-tree-size", type=int, default=None,
+                      help="drafts per step as a tree of candidates; 0 drafts one chain (default: the shipped setting)")
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.set_defaults(func=cmd_demo)
 
@@ -324,6 +332,9 @@ def build_parser():
     generate.add_argument("prompt")
     _add_model_arguments(generate)
     generate.add_argument("--num-predict-heads", type=int, default=None)
+    generate.add_argument("--draft-tree-size", type=int, default=None,
+                          help="drafts per step as a tree of candidates; 0 drafts one chain (default: the model's "
+                               "generation config)")
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--compare", action="store_true", help="also run plain greedy; report identity and speedup")
     generate.set_defaults(func=cmd_generate)
@@ -332,7 +343,8 @@ def build_parser():
                            epilog="examples:\n  transformers-mtp bench --model smollm2-mtp --output-dir bench-out\n"
                                   "  transformers-mtp bench --prompts my_prompts.jsonl --k-sweep --limit 4\n"
                                   "  transformers-mtp bench --modes verified sample verified_sample "
-                                  "--draft-thresholds 0 0.3 --batch-sizes 1 4 16",
+                                  "--draft-thresholds 0 0.3 --batch-sizes 1 4 16\n"
+                                  "  transformers-mtp bench --modes verified --num-predict-heads 3 4 --draft-tree-sizes 0 8",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_model_arguments(bench)
     bench.add_argument("--prompts", help='JSONL file, one {"prompt": ..., "kind": "code"|"chat", "id": ...} per line')
@@ -349,9 +361,13 @@ def build_parser():
                             "default: the model's generation config)")
     bench.add_argument("--draft-datastore", nargs="+", choices=["on", "off"], default=None,
                        help="draft datastore on / off in the multi-token modes (default: on when the model has one)")
+    bench.add_argument("--draft-tree-sizes", nargs="+", type=int, default=None, metavar="N",
+                       help="draft tree sizes of the verified greedy mode (0 = one chain of drafts per step; default: "
+                            "the model's generation config)")
     bench.add_argument("--batch-sizes", nargs="+", type=int, default=None, metavar="B",
                        help="also measure batched greedy vs batched verified decoding at these batch sizes")
-    bench.add_argument("--num-predict-heads", type=int, default=None, help="k (default: the generation config's)")
+    bench.add_argument("--num-predict-heads", nargs="+", type=int, default=None, metavar="K",
+                       help="k values to measure (default: the generation config's; batches use the first)")
     bench.add_argument("--k-sweep", action="store_true", help="measure every k from 2 to num_heads")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--device", default="cpu")

@@ -37,12 +37,15 @@ def _timed(fn):
 
 
 @torch.inference_mode()
-def compare_with_greedy(model, input_ids, *, max_new_tokens=128, num_predict_heads=None, repeats=1, **generate_kwargs):
-    """Run plain greedy and verified multi-token decoding on `input_ids` [1, T]; alternate their order each repeat."""
+def compare_with_greedy(model, input_ids, *, max_new_tokens=128, num_predict_heads=None, draft_tree_size=None, repeats=1,
+                        **generate_kwargs):
+    """Run plain greedy and verified multi-token decoding on `input_ids` [1, T]; alternate their order each repeat.
+    `num_predict_heads` and `draft_tree_size` go to the multi-token run (None: the generation config's)."""
     greedy = lambda: model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
     multi_token = lambda: model.generate(
         input_ids, max_new_tokens=max_new_tokens, do_sample=False, multi_token_mode=True,
-        num_predict_heads=num_predict_heads, return_dict_in_generate=True, **generate_kwargs,
+        num_predict_heads=num_predict_heads, draft_tree_size=draft_tree_size, return_dict_in_generate=True,
+        **generate_kwargs,
     )
     greedy_times, mtp_times = [], []
     for repeat in range(repeats):
@@ -68,6 +71,7 @@ def compare_with_greedy(model, input_ids, *, max_new_tokens=128, num_predict_hea
     )
 
 
-def warm_up(model, input_ids, *, num_predict_heads=None):
+def warm_up(model, input_ids, *, num_predict_heads=None, draft_tree_size=None):
     """One short run of each mode, so one-time costs (allocator, kernels selection) land outside the timing."""
-    compare_with_greedy(model, input_ids, max_new_tokens=8, num_predict_heads=num_predict_heads)
+    compare_with_greedy(model, input_ids, max_new_tokens=8, num_predict_heads=num_predict_heads,
+                        draft_tree_size=draft_tree_size)

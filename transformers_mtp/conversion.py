@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, GPT2LMHeadModel
 from transformers.utils import logging
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
+from .generation_multi_token import check_draft_tree_size
 from .modeling_multi_token import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction, MultiTokenPredictionMixin
 
 logger = logging.get_logger(__name__)
@@ -47,7 +48,7 @@ DEFAULT_DRAFT_LOOKUP_NGRAM = 3
 
 
 def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, dtype=torch.float32,
-            draft_lookup_ngram=DEFAULT_DRAFT_LOOKUP_NGRAM, **head_config):
+            draft_lookup_ngram=DEFAULT_DRAFT_LOOKUP_NGRAM, draft_tree_size=0, **head_config):
     r"""
     Add multi-token-prediction heads to a pretrained causal LM.
 
@@ -60,6 +61,9 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
             generation_config.json; defaults to `num_heads`.
         draft_lookup_ngram (`int`, *optional*, defaults to 3): default `generate(draft_lookup_ngram=...)`, saved in
             generation_config.json: context n-grams up to this size are looked up for drafts first; 0 turns it off.
+        draft_tree_size (`int`, *optional*, defaults to 0): default `generate(draft_tree_size=...)`, saved in
+            generation_config.json: greedy decoding drafts this many tokens per step as a tree of candidates; 0
+            drafts one chain.
         dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path.
         head_config: further multi-token config fields (`head_rank`, `head_input`, `head_share_kv`,
             `head_loss_weights`).
@@ -83,6 +87,7 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     num_predict_heads = num_predict_heads or num_heads
     if not 1 <= num_predict_heads <= num_heads:
         raise ValueError(f"num_predict_heads={num_predict_heads} must be from 1 to num_heads={num_heads}.")
+    check_draft_tree_size(draft_tree_size)
 
     # Build on the meta device (nothing allocated), then take the base model's own modules: the base weights are
     # reused, not copied, and only the heads get real memory.
@@ -101,6 +106,7 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     for key in ("transformers_version", "_from_model_config"):
         generation.pop(key, None)
     model.generation_config = GenerationConfig(
-        **{**generation, "num_predict_heads": num_predict_heads, "draft_lookup_ngram": draft_lookup_ngram}
+        **{**generation, "num_predict_heads": num_predict_heads, "draft_lookup_ngram": draft_lookup_ngram,
+           "draft_tree_size": draft_tree_size}
     )
     return model

@@ -25,10 +25,17 @@ Each step (gpt-fast style, one stage per function):
             `draft_lookup_ngram`, tokens that followed the row's last n-gram earlier in the row come first, else
             (with a draft datastore) the tokens that most often followed its last 3 tokens in the training answers
 
+With `draft_tree_size=N` (greedy, batch size 1) a step drafts N tokens as a tree instead of one chain (Medusa's and
+EAGLE-2's tree attention): the context / datastore continuation is one branch, and the heads' most probable
+continuations (the product of their probabilities, EAGLE-2's dynamic tree) fill the rest. One trunk pass verifies
+every branch under a tree-shaped attention mask; the walk from the root follows the base model's own argmax as long
+as a child drafted it, and the KV cache keeps the accepted path's entries only.
+
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
 
 import copy
+import heapq
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +47,10 @@ MULTI_TOKEN_MODES = ("verified", "unverified")
 DATASTORE_NGRAM = 3  # the draft datastore is keyed by a row's last 3 tokens
 DATASTORE_EMPTY_KEY = 2**62  # an unused datastore entry: above any real key (vocab_size**3 < 2**62 up to 1.6M tokens)
 _IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")
+MAX_DRAFT_TREE_SIZE = 64
+# candidates each head offers a draft tree (EAGLE-2 expands the top 10, Medusa's trees use up to the top 10 of the
+# first head and fewer of later ones); with independent heads, deeper ranks of a head rarely beat the next head's top
+DRAFT_TREE_BRANCHING = 4
 
 
 @dataclass
@@ -162,6 +173,93 @@ def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, genera
     return num_tokens
 
 
+def resolve_draft_tree_size(model, size, generation_config=None):
+    """`draft_tree_size`, else the generation config's, else 0 (one chain of drafts per step)."""
+    if size is None:
+        size = _generation_config_value(model, "draft_tree_size", generation_config) or 0
+    return check_draft_tree_size(size)
+
+
+def check_draft_tree_size(size):
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_DRAFT_TREE_SIZE:
+        raise ValueError(
+            f"draft_tree_size={size!r} must be an integer from 0 to {MAX_DRAFT_TREE_SIZE}: the tokens drafted per "
+            "verify pass as a tree of candidates (0 drafts one chain)."
+        )
+    return size
+
+
+@dataclass
+class DraftTree:
+    """
+    The tokens one verify pass checks, as a tree rooted at the row's last token (node 0, not a draft). Nodes are
+    numbered in the order they were added, so a parent always comes before its children; node i is block position i.
+    """
+
+    tokens: list[int]
+    parents: list[int]  # -1 for the root
+    depths: list[int]  # the root is at depth 0
+    children: list[dict[int, int]]  # per node: token -> child node
+
+    @classmethod
+    def rooted_at(cls, token):
+        return cls(tokens=[token], parents=[-1], depths=[0], children=[{}])
+
+    @property
+    def num_drafts(self):
+        return len(self.tokens) - 1
+
+    def add(self, parent, token):
+        """The child of `parent` that drafts `token`, added if new. Returns its node index."""
+        node = self.children[parent].get(token)
+        if node is None:
+            node = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.depths.append(self.depths[parent] + 1)
+            self.children.append({})
+            self.children[parent][token] = node
+        return node
+
+    def attention_mask(self, past_mask, dtype):
+        """
+        The verify pass's 4D additive mask: each node attends to the unmasked past and to its own ancestors (itself
+        included), never to another branch. past_mask: [1, L] (1 = attend). Returns [1, 1, N, L + N].
+        """
+        n = len(self.tokens)
+        visible = torch.zeros((n, n), dtype=torch.bool)
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                visible[node] = visible[parent]
+            visible[node, node] = True
+        allowed = torch.cat([past_mask[0].bool().cpu().expand(n, -1), visible], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        return mask[None, None].to(past_mask.device)
+
+
+def grow_draft_tree(tree, top_tokens, top_probs, *, size, threshold=0.0):
+    """
+    Add the heads' most probable continuations to `tree` until it holds `size` drafts (EAGLE-2's dynamic draft tree).
+
+    top_tokens / top_probs: [D][m] each head's m best tokens and their probabilities, D heads deep (lists). Heads that
+    draft independently give a path d_1 .. d_j the score p_1(d_1) * ... * p_j(d_j), an estimate of the chance that
+    verification keeps all of it; paths are taken best first, so a parent always precedes its children. A path
+    already in the tree (from the context) costs nothing and is grown from. With `threshold`, a head's candidate below
+    that probability is not drafted.
+    """
+    heap = [(-prob, 0, rank, 0) for rank, prob in enumerate(top_probs[0])] if top_probs else []
+    heapq.heapify(heap)
+    while heap and tree.num_drafts < size:
+        score, slot, rank, parent = heapq.heappop(heap)  # score: minus the path's probability
+        if top_probs[slot][rank] < threshold:
+            continue
+        node = tree.add(parent, top_tokens[slot][rank])
+        if slot + 1 < len(top_probs):
+            for child_rank, prob in enumerate(top_probs[slot + 1]):
+                heapq.heappush(heap, (score * prob, slot + 1, child_rank, node))
+    return tree
+
+
 def context_continuation(tokens, count, max_ngram):
     """
     Prompt-lookup drafting: the `count` tokens that followed the most recent earlier occurrence of the row's last n
@@ -205,7 +303,20 @@ def datastore_continuation(tokens, count, datastore, vocab_size):
     return table[index, :count].to(tokens.device, tokens.dtype)
 
 
-def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer):
+def _draft_tree_unsupported(model, generation_config, batch_size, verify):
+    """Why this decoding cannot draft trees, or None when it can."""
+    if not verify or generation_config.do_sample or batch_size != 1:
+        mode = "verified" if verify else "unverified"
+        return (f"verified greedy decoding of one sequence (got multi_token_mode={mode!r}, "
+                f"do_sample={generation_config.do_sample}, batch size {batch_size})")
+    if model.config.head_input == "sequential":
+        return "heads that draft independently (these heads are chained: head_input='sequential')"
+    if model.uses_layer_input and not model.config.head_share_kv:
+        return "heads that share the base model's keys and values (these have their own: head_share_kv=False)"
+    return None
+
+
+def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer, tree_size=0):
     """Combinations that would silently change the output raise instead."""
     batch_size = input_ids.shape[0]
     if generation_config.num_beams > 1:
@@ -231,6 +342,11 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, *, verif
         if generation_config._pad_token_tensor is None:
             raise ValueError("batched multi_token_mode needs a pad token for finished rows; set pad_token_id (or "
                              "eos_token_id) in generate() or the generation config.")
+    if tree_size:
+        reason = _draft_tree_unsupported(model, generation_config, batch_size, verify)
+        if reason is not None:
+            raise ValueError(f"draft_tree_size={tree_size} drafts a tree of candidates, which needs {reason}; pass "
+                             "draft_tree_size=0 to draft one chain.")
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError("multi_token_mode cannot return attentions or hidden states; drop output_attentions / "
                          "output_hidden_states.")
@@ -270,12 +386,19 @@ def _processors_per_row(logits_processor, batch_size):
     return rows
 
 
+def _at_positions(x, index):
+    """[B, T, ...] -> [B, 1, ...] at position index[i] of each row (None stays None)."""
+    if x is None:
+        return None
+    return x[torch.arange(x.shape[0], device=x.device), index][:, None]
+
+
 class _Decoder:
     """State of one multi-token decoding run: a batch of rows sharing one KV cache."""
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
                  attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold,
-                 lookup_ngram=0, lookup_num_tokens=0, datastore=None):
+                 lookup_ngram=0, lookup_num_tokens=0, datastore=None, tree_size=0):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
         self.unfinished = [True] * len(self.rows)
@@ -289,6 +412,7 @@ class _Decoder:
         self.lookup_ngram = lookup_ngram
         self.lookup_num_tokens = lookup_num_tokens if lookup_ngram else 0
         self.datastore = datastore
+        self.tree_size = tree_size
         # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
         self.attention_mask = attention_mask if attention_mask is not None else input_ids.new_ones(input_ids.shape)
         if position_ids is None:  # as generate() computes them: cumsum of the mask under padding
@@ -392,6 +516,38 @@ class _Decoder:
         limit = self.k - 1 if limit is None else limit
         return max(0, min(limit, max_length - self.rows[row].shape[0] - 1)) if self.unfinished[row] else 0
 
+    def context_drafts(self, counts, max_length):
+        """Per row, the tokens drafted before the heads' (possibly none): what followed the row's last n-gram earlier
+        in the row, else (with a draft datastore) what most often followed its last 3 tokens in the model's own
+        training answers. counts: the heads' draft count per row. Returns a list of [c_i]."""
+        contexts = [context_continuation(self.rows[i], self.num_drafts(i, max_length, self.lookup_num_tokens),
+                                         self.lookup_ngram) if self.lookup_num_tokens and counts[i]
+                    else self.rows[i][:0] for i in range(self.batch_size)]
+        if self.datastore is not None:
+            vocab_size = self.model.config.vocab_size
+            contexts = [c if c.shape[0] else datastore_continuation(self.rows[i], counts[i], self.datastore, vocab_size)
+                        for i, c in enumerate(contexts)]
+        return contexts
+
+    def head_inputs(self, normed, layer_input, next_tokens, positions, last):
+        """
+        What the heads read to draft from each row's last accepted position `last` [B]: (normed, layer_input,
+        next_tokens, positions, base_kv, head_past). Heads with their own keys and values read every block position
+        (the rejected ones are masked out and cropped with the cache) and their own past; the others read the last
+        accepted position only, and query-extension heads that share keys and values attend to the base last layer's
+        cache.
+        """
+        model = self.model
+        if model.uses_layer_input and not model.config.head_share_kv:
+            return normed, layer_input, next_tokens, positions, None, self.head_past
+        normed, layer_input, next_tokens, positions = (
+            _at_positions(x, last) for x in (normed, layer_input, next_tokens, positions))
+        base_kv = None
+        if model.uses_layer_input:
+            last_layer = self.cache.layers[-1]
+            base_kv = (last_layer.keys, last_layer.values)
+        return normed, layer_input, next_tokens, positions, base_kv, None
+
     def draft(self, normed, layer_input, next_tokens, positions, last, max_length):
         """
         Each row's drafts for the tokens after `next_tokens[i, last[i]]`, from the heads at position `last[i]`.
@@ -407,34 +563,15 @@ class _Decoder:
         after verification.
         """
         counts = [self.num_drafts(i, max_length) for i in range(self.batch_size)]
-        # tokens that followed the row's last n-gram earlier in the row (else in the draft datastore) come first; the
-        # heads draft the rest
-        contexts = [context_continuation(self.rows[i], self.num_drafts(i, max_length, self.lookup_num_tokens),
-                                         self.lookup_ngram) if self.lookup_num_tokens and counts[i]
-                    else self.rows[i][:0] for i in range(self.batch_size)]
-        if self.datastore is not None:  # nothing to copy from the row itself: what followed its last 3 tokens in
-            # the model's own training answers, if they are in the draft datastore
-            vocab_size = self.model.config.vocab_size
-            contexts = [c if c.shape[0] else datastore_continuation(self.rows[i], counts[i], self.datastore, vocab_size)
-                        for i, c in enumerate(contexts)]
+        contexts = self.context_drafts(counts, max_length)
+        if self.tree_size:
+            return self.draft_tree(normed, layer_input, next_tokens, positions, last, counts[0], contexts[0]), None
         width = max(counts)
         if width == 0:
             return [next_tokens.new_empty(0) for _ in counts], None
         model = self.model
-        rows = torch.arange(self.batch_size, device=normed.device)
-
-        def at_last(x):  # [B, T, ...] -> [B, 1, ...] at each row's last accepted position
-            return x[rows, last][:, None] if x is not None else None
-
-        base_kv = head_past = None
-        if model.uses_layer_input and not model.config.head_share_kv:
-            # own-kv heads see every block position (the rejected ones are masked out and cropped with the cache)
-            head_past = self.head_past
-        else:
-            normed, layer_input, next_tokens, positions = map(at_last, (normed, layer_input, next_tokens, positions))
-            if model.uses_layer_input:
-                last_layer = self.cache.layers[-1]
-                base_kv = (last_layer.keys, last_layer.values)
+        normed, layer_input, next_tokens, positions, base_kv, head_past = self.head_inputs(
+            normed, layer_input, next_tokens, positions, last)
         drafts = [[] for _ in counts]  # per row: [1] tensors
         probs = [[] for _ in counts] if self.do_sample else None
         wanted = list(counts)  # per row: head drafts still wanted (the confidence threshold may lower it)
@@ -481,7 +618,7 @@ class _Decoder:
                 choose_token(slot, states[:, :, slot])
         else:  # independent heads: one unembedding multiply for all of them, then choose in order
             if states.shape[1] != 1:
-                states = at_last(states)
+                states = _at_positions(states, last)
             logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
             for slot in range(logits.shape[1]):
                 if choose_token(slot, logits=logits[:, slot]) is None:
@@ -498,6 +635,81 @@ class _Decoder:
                 vocab = self.model.lm_head.weight.shape[0]
                 distributions.append(torch.stack(probs[i]) if probs[i] else normed.new_empty((0, vocab)))
         return out, distributions
+
+    def draft_tree(self, normed, layer_input, next_tokens, positions, last, depth, context):
+        """
+        The next verify pass's `DraftTree` (batch size 1, greedy): the context / datastore continuation `context` [c]
+        as one branch, then the heads' most probable continuations, `depth` heads deep, up to `draft_tree_size`
+        drafts. Arguments as `draft`'s; heads that draft independently (checked by `_check_supported`).
+        """
+        tree = DraftTree.rooted_at(int(self.rows[0][-1]))
+        parent = 0
+        for token in context.tolist()[: self.tree_size]:
+            parent = tree.add(parent, token)
+        if depth == 0 or tree.num_drafts >= self.tree_size:
+            return tree
+        normed, layer_input, next_tokens, positions, base_kv, _ = self.head_inputs(
+            normed, layer_input, next_tokens, positions, last)
+        states, _ = self.model._head_states(
+            normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
+            key_padding_mask=self.attention_mask, base_kv=base_kv, num_heads=depth + 1,
+        )
+        # states: [1, 1, depth, H] -> probs: [depth, V_draft]
+        probs = torch.softmax((states[0, 0] @ self.draft_weight.T).float(), dim=-1)
+        top_probs, top_index = probs.topk(min(DRAFT_TREE_BRANCHING, probs.shape[-1]), dim=-1)
+        top_tokens = self.draft_ids[top_index] if self.draft_ids is not None else top_index
+        return grow_draft_tree(tree, top_tokens.tolist(), top_probs.tolist(), size=self.tree_size,
+                               threshold=self.draft_threshold)
+
+    def forward_tree(self, tree):
+        """One trunk pass over every node of `tree`, each at its depth's position and seeing only its ancestors.
+        Returns (logits [N, V], normed [1, N, H], layer input [1, N, H] or None); the mask is not extended (see
+        `keep_path`)."""
+        tokens = torch.tensor(tree.tokens, device=self.rows[0].device)[None]
+        positions = self.last_position[:, None] + 1 + torch.tensor(tree.depths, device=tokens.device)[None]
+        dtype = self.model.lm_head.weight.dtype
+        normed, layer_input, _ = self.model._trunk_forward(
+            tokens, attention_mask=tree.attention_mask(self.attention_mask, dtype), position_ids=positions,
+            cache=self.cache, use_cache=True,
+        )
+        self.stats.forward_passes += 1
+        return self.model.lm_head(normed)[0], normed, layer_input
+
+    def accept_tree(self, tree, logits):
+        """
+        Walk `tree` from the root while a child drafted the base model's own choice (after the logits processors,
+        with the walked path as the prefix, as plain decoding computes it). logits: [N, V].
+        Returns (path: node indices from the root, tokens [n + 1] (the accepted drafts, then the base model's next
+        token), scores [n + 1, V]).
+        """
+        processors = self.logits_processor[0]
+        path, scores, node = [], [], 0
+        while True:
+            path.append(node)
+            row_scores = logits[node : node + 1]
+            if len(processors):
+                walked = torch.tensor([tree.tokens[i] for i in path[1:]], dtype=torch.long, device=logits.device)
+                prefix = torch.cat([self.rows[0], walked])
+                row_scores = processors(prefix[None], row_scores.float().clone())
+            scores.append(row_scores)
+            choice = int(row_scores.argmax(-1))
+            node = tree.children[node].get(choice)
+            if node is None:
+                break
+        tokens = torch.tensor([tree.tokens[i] for i in path[1:]] + [choice], device=self.rows[0].device)
+        return path, tokens, torch.cat(scores)
+
+    def keep_path(self, start, path):
+        """After a tree's verify pass (its nodes cached from `start` on): keep the cache entries of the accepted
+        `path`, in order, and drop every other branch."""
+        n = len(path)
+        if path != list(range(n)):  # a branch other than the first nodes: move its entries into place
+            index = torch.tensor(path, device=self.rows[0].device) + start
+            for layer in self.cache.layers:
+                layer.keys[:, :, start : start + n] = layer.keys[:, :, index]
+                layer.values[:, :, start : start + n] = layer.values[:, :, index]
+        self.cache.crop(start + n - self.cache.get_seq_length())
+        self.attention_mask = torch.cat([self.attention_mask[:, :start], self.attention_mask.new_ones((1, n))], dim=1)
 
     def context_draft_probs(self, token):
         """q of a draft copied from the context: one-hot (sampling only; None when greedy)."""
@@ -550,13 +762,20 @@ def multi_token_decoding(
     draft_lookup_ngram=0,
     draft_lookup_num_tokens=0,
     draft_datastore=None,
+    draft_tree_size=0,
+    draft_tree_from_config=False,
     **model_kwargs,
 ):
-    """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`."""
+    """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`.
+    `draft_tree_from_config`: the tree size is the generation config's default, not asked for in this call; decoding
+    that cannot draft trees (sampling, batches) then drafts chains instead of raising."""
     cache = model_kwargs.pop("cache", None) or DynamicCache(config=model.config)
     attention_mask, position_ids = model_kwargs.pop("attention_mask", None), model_kwargs.pop("position_ids", None)
     streamer = multi_token_streamer if multi_token_streamer is not None else streamer
-    _check_supported(model, input_ids, generation_config, model_kwargs, verify=verify, streamer=streamer)
+    if draft_tree_from_config and _draft_tree_unsupported(model, generation_config, input_ids.shape[0], verify):
+        draft_tree_size = 0
+    _check_supported(model, input_ids, generation_config, model_kwargs, verify=verify, streamer=streamer,
+                     tree_size=draft_tree_size)
     keep_scores = generation_config.return_dict_in_generate and (
         generation_config.output_scores or generation_config.output_logits
     )
@@ -570,9 +789,10 @@ def multi_token_decoding(
         keep_scores=keep_scores, do_sample=generation_config.do_sample,
         pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
         lookup_ngram=draft_lookup_ngram, lookup_num_tokens=draft_lookup_num_tokens, datastore=draft_datastore,
+        tree_size=draft_tree_size,
     )
     decoder.stats.verified = verify
-    step = _verified_steps if verify else _unverified_steps
+    step = _tree_steps if draft_tree_size else _verified_steps if verify else _unverified_steps
     step(decoder, input_ids, generation_config.max_length)
     if decoder.streamer is not None:
         decoder.streamer.end()
@@ -651,6 +871,35 @@ def _verified_steps(decoder, prompt, max_length):
         # draft from each row's last accepted position; its next token is the one just emitted
         drafts, draft_probs = decoder.draft(normed, layer_input, next_tokens, positions, accepted, max_length)
         decoder.roll_back(cache_before + keep_width)
+
+
+def _tree_steps(decoder, prompt, max_length):
+    """Verified greedy decoding of one row with a draft tree per step (`draft_tree_size`)."""
+    tree, _ = _prefill(decoder, prompt, max_length)
+    stats = decoder.stats
+    while decoder.unfinished[0]:
+        # verify: one trunk pass over every node of the tree
+        cache_before = decoder.cache.get_seq_length()
+        logits, normed, layer_input = decoder.forward_tree(tree)
+        # accept: the path of drafts the base model keeps, then a token of its own
+        path, tokens, scores = decoder.accept_tree(tree, logits)
+        n = len(path) - 1
+        for j in range(max(tree.depths)):
+            stats.head_proposed[j] += 1
+            stats.head_accepted[j] += int(j < n)
+        stats.accepted_per_step.append(n + 1)
+        # emit, token by token, as plain decoding would
+        decoder.emit(0, tokens, scores, logits[path])
+        if not decoder.unfinished[0]:
+            break
+        # roll back: the cache keeps the accepted path only
+        decoder.keep_path(cache_before, path)
+        positions = decoder.last_position[:, None] + 1 + torch.arange(n + 1, device=tokens.device)[None]
+        decoder.last_position = decoder.last_position + n + 1
+        # draft from the last accepted node; its next token is the one just emitted
+        path_states = [x[:, path] if x is not None else None for x in (normed, layer_input)]
+        last = torch.full((1,), n, device=tokens.device)
+        tree, _ = decoder.draft(*path_states, tokens[None], positions, last, max_length)
 
 
 def _unverified_steps(decoder, prompt, max_length):

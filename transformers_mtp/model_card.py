@@ -56,6 +56,7 @@ def render_model_card(model, *, base_model, repo_id=None, license=None, training
         head_type=config.head_type,
         head_input=config.head_input,
         draft_datastore_size=getattr(config, "draft_datastore_size", None),
+        draft_tree_size=getattr(model.generation_config, "draft_tree_size", None) or 0,
         training=training,
         measurements=measurements,
     )
@@ -131,6 +132,8 @@ def format_measurements(bench) -> str:
             label += f", draft confidence >= {row['threshold']:g}"
         if row.get("lookup"):
             label += f", context lookup up to {row['lookup']}-grams"
+        if row.get("tree_size"):
+            label += f", draft tree of {row['tree_size']} tokens"
         identical = "-" if row.get("exact_match_rate") is None else f"{row['exact_match_rate']:.0%}"
         lines.append(f"| {label} | {row['kind']} ({row['prompts']}) | {row['k']} "
                      f"| {row['tokens_per_forward']:.2f} | {spread} | {acceptance} | {identical} |")

@@ -26,6 +26,7 @@ from .generation_multi_token import (
     resolve_draft_datastore,
     resolve_draft_lookup_ngram,
     resolve_draft_lookup_num_tokens,
+    resolve_draft_tree_size,
     resolve_num_predict_heads,
 )
 from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
@@ -313,7 +314,8 @@ class MultiTokenPredictionMixin:
 
     # --- generation ---------------------------------------------------------------------------------------------
     def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
-                 draft_lookup_ngram=None, draft_lookup_num_tokens=None, draft_datastore=None, **kwargs):
+                 draft_lookup_ngram=None, draft_lookup_num_tokens=None, draft_datastore=None, draft_tree_size=None,
+                 **kwargs):
         r"""
         `generate()` of the base model, plus multi-token decoding:
 
@@ -339,6 +341,11 @@ class MultiTokenPredictionMixin:
         - `draft_datastore` (defaults to `generation_config.draft_datastore`, else True when the model has a draft
           datastore, see `config.draft_datastore_size`): when nothing was copied from the row's own context, the
           tokens that most often followed its last 3 tokens in the model's training answers are drafted first.
+        - `draft_tree_size` (defaults to `generation_config.draft_tree_size`, else 0): greedy decoding of one
+          sequence drafts this many tokens per step as a tree of candidates (the context / datastore continuation and
+          the heads' most probable continuations), all verified in one pass; 0 drafts one chain. A size from the
+          generation config applies where trees can be drafted, and sampling or batches then draft chains; a size
+          passed here with them raises.
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
@@ -349,7 +356,8 @@ class MultiTokenPredictionMixin:
                                 ("draft_confidence_threshold", draft_confidence_threshold),
                                 ("draft_lookup_ngram", draft_lookup_ngram),
                                 ("draft_lookup_num_tokens", draft_lookup_num_tokens),
-                                ("draft_datastore", draft_datastore)):
+                                ("draft_datastore", draft_datastore),
+                                ("draft_tree_size", draft_tree_size)):
                 if value is not None:
                     raise ValueError(f"{name}={value} only applies with multi_token_mode=True; pass both or neither.")
             return super().generate(*args, **kwargs)
@@ -370,6 +378,8 @@ class MultiTokenPredictionMixin:
             self, draft_lookup_num_tokens, num_predict_heads, kwargs.get("generation_config")
         )
         draft_datastore = resolve_draft_datastore(self, draft_datastore, kwargs.get("generation_config"))
+        draft_tree_from_config = draft_tree_size is None
+        draft_tree_size = resolve_draft_tree_size(self, draft_tree_size, kwargs.get("generation_config"))
         # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
         # streamer is bound here and stop strings are turned into their stopping criterion here (the same
         # `StopStringCriteria` that `generate()` would build).
@@ -378,6 +388,7 @@ class MultiTokenPredictionMixin:
             num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
             draft_confidence_threshold=draft_confidence_threshold, draft_lookup_ngram=draft_lookup_ngram,
             draft_lookup_num_tokens=draft_lookup_num_tokens, draft_datastore=draft_datastore,
+            draft_tree_size=draft_tree_size, draft_tree_from_config=draft_tree_from_config,
         )
         _move_stop_strings_into_criteria(self, kwargs)
         return super().generate(*args, custom_generate=decoding, **kwargs)
