@@ -36,6 +36,7 @@ model_arg=(); [ -f "$RUN/heads/merged/config.json" ] && model_arg=(--model "$RUN
 for dtype in bfloat16 float32; do
   timeout "${BENCH_S:-150}" python3 -m transformers_mtp bench "${model_arg[@]}" --device "$DEVICE" --dtype "$dtype" \
     --limit "${BENCH_LIMIT:-8}" --max-new-tokens "${BENCH_TOKENS:-128}" --modes verified prompt_lookup \
+    --draft-tree-sizes ${BENCH_TREES:-0 8 16} \
     --output-dir "$RUN/bench-$dtype" 2>&1 | grep -v "it/s\]$" | tail -25
 done
 pack bench.tar.gz "$RUN/bench-bfloat16" "$RUN/bench-float32"

@@ -554,7 +554,8 @@ class _Decoder:
 
         normed / layer_input: [B, T, H] at the block's positions; next_tokens, positions: [B, T] (the token after each
         position, and its position); last: [B] index of each row's last accepted position (positions after it are
-        masked out). Returns (list of [d_i] drafts, list of [d_i, V] draft distributions or None when greedy).
+        masked out). Returns (list of [d_i] drafts, list of [d_i, V] draft distributions or None when greedy); with
+        `draft_tree_size`, (a `DraftTree`, None) instead.
 
         Drafting costs the heads plus one unembedding multiply over the drafted rows (3 ms for 3 rows of the full 49K
         vocabulary on a 2-core CPU; about 0.5 ms with an 8K draft vocabulary); chained heads need one multiply per
