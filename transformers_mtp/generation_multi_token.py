@@ -48,8 +48,8 @@ DATASTORE_NGRAM = 3  # the draft datastore is keyed by a row's last 3 tokens
 DATASTORE_EMPTY_KEY = 2**62  # an unused datastore entry: above any real key (vocab_size**3 < 2**62 up to 1.6M tokens)
 _IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")
 MAX_DRAFT_TREE_SIZE = 64
-# candidates each head offers a draft tree (EAGLE-2 expands the top 10, Medusa's trees use up to the top 10 of the
-# first head and fewer of later ones); with independent heads, deeper ranks of a head rarely beat the next head's top
+# candidates each head offers a draft tree (EAGLE-2 expands the top 10 of each node, Medusa's trees use up to the top
+# 10 of the first head and fewer of later ones); 4 was the only value measured (README, draft trees): not tuned
 DRAFT_TREE_BRANCHING = 4
 
 
