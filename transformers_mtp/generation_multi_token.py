@@ -181,6 +181,7 @@ def resolve_draft_tree_size(model, size, generation_config=None):
 
 
 def check_draft_tree_size(size):
+    """`size` if it is a valid draft tree size, else a ValueError naming it (shared by generate() and convert())."""
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_DRAFT_TREE_SIZE:
         raise ValueError(
             f"draft_tree_size={size!r} must be an integer from 0 to {MAX_DRAFT_TREE_SIZE}: the tokens drafted per "
