@@ -412,3 +412,66 @@ def test_datastore_errors_are_clear():
         model.set_draft_datastore(torch.arange(3), torch.zeros(3, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="must be sorted and unique"):
         model.set_draft_datastore(torch.tensor([5, 2]), torch.zeros(2, 2, dtype=torch.long))
+
+
+# --- regressions: per-row processor state, cache cropping across releases, positions of direct callers -------------
+def test_processor_token_lists_as_long_as_the_batch_are_not_cut_per_row():
+    """suppress_tokens / an EOS list whose length equals the batch size hold token ids, not one entry per row."""
+    model = tiny_mtp("llama", "linear", randomize=False)
+    prompt = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(prompt)
+    mask[0, :2] = 0
+    plain = greedy(model, prompt, attention_mask=mask, max_new_tokens=8)
+    # each row's first greedy token, banned for both rows; cut per row, row 0 would keep only row 1's
+    banned = [int(plain[1, 5]), int(plain[0, 5])]
+    assert banned[0] != banned[1]
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, suppress_tokens=banned)
+    reference = greedy(model, prompt, **kwargs)
+    out = mtp(model, prompt, **kwargs).sequences
+    assert torch.equal(out, reference)
+    assert not any(token in out[:, 5:].tolist()[row] for row in range(2) for token in banned)
+    prompt3 = torch.cat([prompt, prompt[:1].flip(1)])
+    mask3 = torch.cat([mask, torch.ones_like(mask[:1])])
+    kwargs = dict(attention_mask=mask3, max_new_tokens=8, min_new_tokens=6, eos_token_id=[1, int(plain[0, 5]), 7],
+                  pad_token_id=2)
+    assert torch.equal(mtp(model, prompt3, **kwargs).sequences, greedy(model, prompt3, **kwargs))
+
+
+def test_decoding_never_relies_on_crop_zero(monkeypatch):
+    """Before transformers 5, `crop(0)` emptied a cache (and a positive argument was the length to keep); a
+    trust_remote_code user may run such a release, so the loop only ever asks for a removal of n > 0 tokens."""
+    from transformers.cache_utils import DynamicCache
+
+    original = DynamicCache.crop
+
+    def old_crop(self, max_length):
+        if max_length >= 0:  # the old meaning: keep the first max_length positions (0 empties the cache)
+            max_length = max_length - self.get_seq_length()
+            if max_length == 0:
+                for layer in self.layers:
+                    layer.keys, layer.values = layer.keys[..., :0, :], layer.values[..., :0, :]
+                return
+        original(self, max_length)
+
+    monkeypatch.setattr(DynamicCache, "crop", old_crop)
+    for arch in ARCHS:
+        model = tiny_mtp(arch, "linear", randomize=False)
+        prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+        out = mtp(model, prompt, max_new_tokens=16)
+        assert torch.equal(out.sequences, greedy(model, prompt, max_new_tokens=16))
+        assert out.multi_token_stats.tokens_per_forward > 1.5  # drafts were accepted, so the cache was cropped
+
+
+def test_direct_callers_get_positions_from_the_mask():
+    """Without position_ids (a caller of the decode loop that is not generate()), left padding gives each row
+    positions counted from its first real token, as generate() computes them; GPT-2's absolute positions need it."""
+    from transformers.cache_utils import DynamicCache
+
+    model = tiny_mtp("gpt2")
+    prompt = torch.randint(3, VOCAB, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    decoder = _Decoder(model, prompt, logits_processor=LogitsProcessorList(), stopping_criteria=[], streamer=None,
+                       num_predict_heads=3, attention_mask=mask, position_ids=None, cache=DynamicCache(),
+                       keep_scores=False, do_sample=False, pad_token_id=2, draft_threshold=0.0)
+    assert decoder.prompt_positions.tolist() == [[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]
+    assert decoder.last_position.tolist() == [3, 5]

@@ -277,3 +277,79 @@ def test_training_builds_the_draft_datastore_and_the_adapter_carries_it(tmp_path
     with pytest.raises(FileNotFoundError, match="draft_datastore.safetensors is missing"):
         load_trained_heads(transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock",
                                                     draft_datastore_size=50), tmp_path / "run" / "adapter")
+
+
+def _interrupted_run(folder, model, sequences, monkeypatch, **settings):
+    """Train until step 5 of 8 and stop, leaving checkpoint-4."""
+    config = HeadTrainingConfig(output_dir=str(folder), max_steps=8, save_steps=4, eval_steps=100,
+                                per_device_train_batch_size=4, **settings)
+    original_init = HeadsTrainer.__init__
+
+    def init_with_stop(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.add_callback(StopAtStep(5))
+
+    monkeypatch.setattr(HeadsTrainer, "__init__", init_with_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_heads(model, sequences, config, progress=False)
+    monkeypatch.undo()
+    return config
+
+
+def test_resume_reads_the_draft_tables_back_from_the_checkpoint(tmp_path, monkeypatch):
+    from transformers_mtp import training
+
+    def convert():
+        return transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock", draft_vocab_size=40,
+                                        draft_datastore_size=30)
+
+    model = convert()
+    sequences = greedy_sequences(model, count=20)
+    config = _interrupted_run(tmp_path / "run", model, sequences, monkeypatch, datastore_min_count=1)
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    saved_vocab = load_file(str(checkpoint / "draft_vocab.safetensors"))["draft_token_ids"]
+    saved_store = load_file(str(checkpoint / "draft_datastore.safetensors"))
+    assert json.loads((checkpoint / "training_recipe.json").read_text())["data"]
+
+    # a resume must not recompute them: both builders fail if called
+    def recomputed(*args, **kwargs):
+        raise AssertionError("the draft tables were recomputed on resume")
+
+    monkeypatch.setattr(training, "most_emitted_tokens", recomputed)
+    monkeypatch.setattr(training, "build_draft_datastore", recomputed)
+    config.resume = True
+    merged, _ = train_heads(convert(), sequences, config, progress=False)
+    assert torch.equal(merged.draft_unembedding()[1], saved_vocab)
+    keys, tokens = merged.draft_datastore()
+    used = int((keys < 2**62).sum())
+    assert used == saved_store["keys"].shape[0] > 0
+    assert torch.equal(keys[:used], saved_store["keys"]) and torch.equal(tokens[:used], saved_store["tokens"])
+
+
+@pytest.mark.parametrize("change", ["data", "learning_rate", "num_heads"])
+def test_resume_with_another_recipe_is_refused(tmp_path, monkeypatch, change):
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock")
+    sequences = greedy_sequences(model, count=20)
+    config = _interrupted_run(tmp_path / "run", model, sequences, monkeypatch)
+    config.resume = True
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock")  # as a new process would
+    if change == "data":
+        sequences = sequences[:-1]
+        message = r"data: changed; num_sequences: 20 -> 19\)"
+    elif change == "learning_rate":
+        config.learning_rate = 5e-4
+        message = r"\(training.learning_rate: 0.001 -> 0.0005\)"
+    else:
+        model = transformers_mtp.convert(tiny_base("llama"), num_heads=4, head_type="resblock")
+        message = r"\(heads.num_heads: 3 -> 4\)"
+    with pytest.raises(ValueError, match=f"trained with another recipe .*{message}"):
+        train_heads(model, sequences, config, progress=False)
+
+
+def test_training_refuses_several_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3)
+    with pytest.raises(RuntimeError, match="runs in one process, but this is one of 2"):
+        train_heads(model, greedy_sequences(model, count=4), HeadTrainingConfig(output_dir=str(tmp_path / "run")),
+                    progress=False)
+    assert not (tmp_path / "run").exists()  # refused before anything was written

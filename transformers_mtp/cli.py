@@ -97,8 +97,6 @@ def cmd_train(args):
     import torch
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:  # under torchrun / accelerate launch: this process's GPU
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was given but no CUDA device is visible; use --device cpu.")
     start = time.perf_counter()

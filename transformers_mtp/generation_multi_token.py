@@ -304,7 +304,31 @@ def datastore_continuation(tokens, count, datastore, vocab_size):
     return table[index, :count].to(tokens.device, tokens.dtype)
 
 
-def _draft_tree_unsupported(model, generation_config, batch_size, verify):
+def cache_layer_keys_values(cache, index):
+    """(keys, values) [B, kvH, length, D] that layer `index` of `cache` holds. A static cache's tensors span its whole
+    capacity; only the first `get_seq_length()` positions are filled."""
+    layer = cache.layers[index]
+    length = int(layer.get_seq_length())
+    return layer.keys[:, :, :length], layer.values[:, :, :length]
+
+
+def crop_cache(cache, length):
+    """Crop `cache` to its first `length` positions. Written here because `crop`'s meaning moved across transformers
+    releases (a positive argument was the length to keep; `crop(0)` emptied the cache before 5.x), and a model loaded
+    with `trust_remote_code` runs on whatever release the user has: only a negative count, "remove this many", means
+    the same in all of them."""
+    remove = int(cache.get_seq_length()) - length
+    if remove < 0:
+        raise ValueError(f"cannot crop a cache of {length - remove} positions to {length}")
+    if remove:
+        cache.crop(-remove)
+
+
+def _is_static(cache):
+    return bool(getattr(cache, "is_compileable", False))
+
+
+def _draft_tree_unsupported(model, generation_config, batch_size, verify, cache=None):
     """Why this decoding cannot draft trees, or None when it can."""
     if not verify or generation_config.do_sample or batch_size != 1:
         mode = "verified" if verify else "unverified"
@@ -314,12 +338,26 @@ def _draft_tree_unsupported(model, generation_config, batch_size, verify):
         return "heads that draft independently (these heads are chained: head_input='sequential')"
     if model.uses_layer_input and not model.config.head_share_kv:
         return "heads that share the base model's keys and values (these have their own: head_share_kv=False)"
+    if _is_static(cache):
+        # a tree's nodes are cached past the accepted path before it is known; a static cache has no room for them
+        return f"a dynamic cache (got {type(cache).__name__}, e.g. from cache_implementation='static')"
     return None
 
 
-def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer, tree_size=0):
+def _check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer, tree_size=0,
+                     cache=None):
     """Combinations that would silently change the output raise instead."""
     batch_size = input_ids.shape[0]
+    if _is_static(cache) and batch_size > 1:
+        # rows accept different numbers of drafts, so the cache grows faster than any row; a static cache sized for
+        # max_length would overflow
+        raise ValueError(
+            f"batched multi_token_mode needs a dynamic cache (got {type(cache).__name__} with a batch of "
+            f"{batch_size}); drop cache_implementation='static' or pass one prompt at a time."
+        )
+    if getattr(cache, "is_sliding", None) is not None and any(cache.is_sliding):
+        raise ValueError(f"multi_token_mode does not support sliding-window caches ({type(cache).__name__}); use the "
+                         "default dynamic cache.")
     if generation_config.num_beams > 1:
         raise ValueError(
             f"multi_token_mode does not support beam search (num_beams={generation_config.num_beams}): the heads "
@@ -344,7 +382,7 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, *, verif
             raise ValueError("batched multi_token_mode needs a pad token for finished rows; set pad_token_id (or "
                              "eos_token_id) in generate() or the generation config.")
     if tree_size:
-        reason = _draft_tree_unsupported(model, generation_config, batch_size, verify)
+        reason = _draft_tree_unsupported(model, generation_config, batch_size, verify, cache)
         if reason is not None:
             raise ValueError(f"draft_tree_size={tree_size} drafts a tree of candidates, which needs {reason}; pass "
                              "draft_tree_size=0 to draft one chain.")
@@ -362,23 +400,38 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, *, verif
         )
 
 
+# Processor state that holds one entry per row of the batch: (processor class name, attribute). Every other tensor
+# a processor holds (token ids, biases) is shared by all rows, however long it is.
+_PER_ROW_PROCESSOR_STATE = (("RepetitionPenaltyLogitsProcessor", "prompt_ignore_length"),)
+# Processors that keep state across calls, which calling them row by row, or again for a rejected draft, would break
+_STATEFUL_PROCESSORS = ("SynthIDTextWatermarkLogitsProcessor",)
+
+
 def _processors_per_row(logits_processor, batch_size):
     """
     One `LogitsProcessorList` per row. Rows of a batch advance by different numbers of tokens, so each row's
-    processors are called on that row alone; processors that hold per-row state (the repetition penalty's
-    `prompt_ignore_length`, the padding of each prompt) get their own row of it.
+    processors are called on that row alone; state that transformers keeps per row (the repetition penalty's
+    `prompt_ignore_length`: the padding of each prompt) is cut to that row's entry.
     """
+    for processor in logits_processor:
+        if type(processor).__name__ in _STATEFUL_PROCESSORS:
+            raise ValueError(f"{type(processor).__name__} keeps state across calls, which verifying several drafts per "
+                             "pass would advance wrongly; drop multi_token_mode to use it.")
     if batch_size == 1:
         return [logits_processor]
     rows = []
     for row in range(batch_size):
         processors = LogitsProcessorList()
         for processor in logits_processor:
-            if type(processor).__name__ == "PrefixConstrainedLogitsProcessor":
+            name = type(processor).__name__
+            if name == "PrefixConstrainedLogitsProcessor":
                 raise ValueError("prefix_allowed_tokens_fn is called with the batch index, which batched "
                                  "multi_token_mode does not keep; pass one prompt at a time.")
-            per_row = {name: value[row : row + 1] for name, value in vars(processor).items()
-                       if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size}
+            per_row = {}
+            for owner, attribute in _PER_ROW_PROCESSOR_STATE:
+                value = getattr(processor, attribute, None) if name == owner else None
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size:
+                    per_row[attribute] = value[row : row + 1]
             if per_row:
                 processor = copy.copy(processor)
                 vars(processor).update(per_row)
@@ -399,10 +452,17 @@ class _Decoder:
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, num_predict_heads,
                  attention_mask, position_ids, cache, keep_scores, do_sample, pad_token_id, draft_threshold,
-                 lookup_ngram=0, lookup_num_tokens=0, datastore=None, tree_size=0):
+                 lookup_ngram=0, lookup_num_tokens=0, datastore=None, tree_size=0, prompt_cache_length=None,
+                 max_length=None):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
-        self.unfinished = [True] * len(self.rows)
+        self.unfinished = [True] * len(self.rows)  # still decoded
+        # As plain `generate()`: with an EOS criterion a stopped row is padded from then on; without one it goes on
+        # until every row has stopped, and then all rows end at the length where the last one stopped.
+        self.pads_finished_rows = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+        self.stop_length = [None] * len(self.rows)  # per row: its length when a stopping criterion first fired
+        self.end_length = None  # without an EOS criterion: the length every row ends at, once known
+        self.max_length = max_length if max_length is not None else float("inf")
         self.logits_processor = _processors_per_row(logits_processor, len(self.rows))  # [row]
         self.stopping_criteria = stopping_criteria
         self.streamer = streamer
@@ -414,14 +474,29 @@ class _Decoder:
         self.lookup_num_tokens = lookup_num_tokens if lookup_ngram else 0
         self.datastore = datastore
         self.tree_size = tree_size
-        # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
-        self.attention_mask = attention_mask if attention_mask is not None else input_ids.new_ones(input_ids.shape)
-        if position_ids is None:  # as generate() computes them: cumsum of the mask under padding
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape)
-        self.prompt_positions = position_ids
-        self.last_position = position_ids[:, -1].clone()  # [B]
         self.cache = cache
-        self.head_past = None  # own keys/values of `share_kv=False` heads, aligned with the cache
+        past = int(cache.get_seq_length())
+        # cache positions the prompt pass fills from: the cache may hold the start of the text (a continued chat)
+        self.prompt_cache_length = past + input_ids.shape[1] if prompt_cache_length is None else prompt_cache_length
+        new = self.prompt_cache_length - past
+        self.prompt_width = input_ids.shape[1]  # the rows' tokens before the first emitted one
+        # [B, cache length]; always kept, because rejected drafts stay in the cache, masked out, until roll_back
+        if attention_mask is None:
+            attention_mask = input_ids.new_ones((input_ids.shape[0], self.prompt_cache_length))
+        if attention_mask.shape[1] != self.prompt_cache_length:
+            raise ValueError(
+                f"attention_mask covers {attention_mask.shape[1]} positions, but the cache holds {past} and the "
+                f"prompt adds {new}; pass a mask over the cached and the new tokens."
+            )
+        self.attention_mask = attention_mask
+        if position_ids is None:  # as generate() computes them: cumsum of the mask (the padding gets 0)
+            position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        self.prompt_positions = position_ids[:, -new:]  # [B, new]
+        self.last_position = self.prompt_positions[:, -1].clone()  # [B]
+        # own keys/values of `share_kv=False` heads, for the cache positions from `head_past_start` on (the heads never
+        # saw the positions of a cache that came with the call)
+        self.head_past = None
+        self.head_past_start = past
         # computed once per call: the unembedding rows drafts are chosen from (all of them, or the draft vocabulary)
         self.draft_weight, self.draft_ids = model.draft_unembedding()
         self.scores = [] if keep_scores else None
@@ -499,22 +574,76 @@ class _Decoder:
                 self.raw_logits.append(logits[j : j + 1])
             if self.streamer is not None:
                 self.streamer.put(token.cpu())
-            stop = self.stopping_criteria(self.rows[row][None], tuple(self.scores) if self.scores is not None else None)
-            if stop.all():
-                self.unfinished[row] = False
+            length = self.rows[row].shape[0]
+            if self.stop_length[row] is None:
+                stop = self.stopping_criteria(self.rows[row][None],
+                                              tuple(self.scores) if self.scores is not None else None)
+                if stop.all():
+                    self.stop_length[row] = length
+                    if self.pads_finished_rows or self.batch_size == 1:
+                        self.unfinished[row] = False
+                        return j + 1
+                    if all(n is not None for n in self.stop_length):
+                        self.end_length = max(self.stop_length)
+                        for other in range(self.batch_size):
+                            self._end_at(other, self.end_length)
+            if self.stop_length[row] is not None and length >= min(self.end_length or self.max_length,
+                                                                   self.max_length):
+                self.unfinished[row] = False  # a stopped row that goes on (no EOS criterion) ends here
                 return j + 1
         return tokens.shape[0]
 
+    def _end_at(self, row, length):
+        """Without an EOS criterion: end row `row` at `length` tokens (dropping what it decoded past it)."""
+        extra = self.rows[row].shape[0] - length
+        if extra >= 0:
+            self.rows[row] = self.rows[row][:length]
+            self.stats.new_tokens -= extra
+            self.unfinished[row] = False
+
+    def finalize_cache(self):
+        """
+        Leave the cache as plain `generate()` leaves it, so a later call can continue from it: every row's tokens but
+        its last, at the positions of `sequences()`. Rejected drafts (rows of a batch accept different numbers, and
+        the last pass is not rolled back) are dropped; a row that ended early repeats its last entry up to the
+        longest row's length, where plain decoding would have cached its padding.
+        """
+        start = self.prompt_cache_length
+        # all but the last of each row's generated tokens are cached
+        keep = [max(row.shape[0] - self.prompt_width - 1, 0) for row in self.rows]
+        length = start + max(keep)
+        valid = self.attention_mask[:, start:].bool()
+        index = []
+        for i, count in enumerate(keep):
+            positions = valid[i].nonzero()[:, 0][:count] + start
+            row_index = torch.cat([torch.arange(start, device=positions.device), positions])
+            if row_index.shape[0] < length:
+                row_index = torch.cat([row_index, row_index[-1:].expand(length - row_index.shape[0])])
+            index.append(row_index)
+        index = torch.stack(index)  # [B, length]
+        if bool((index == torch.arange(length, device=index.device)).all()):
+            crop_cache(self.cache, length)
+        else:
+            if getattr(self.cache, "is_compileable", False):
+                raise ValueError("a static cache cannot be compacted after batched decoding")
+            for layer in self.cache.layers:
+                gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+        self.attention_mask = self.attention_mask[:, :length]
+
     def roll_back(self, keep):
         """Crop the KV cache, the heads' own caches and the mask to their first `keep` positions."""
-        self.cache.crop(keep - self.cache.get_seq_length())
+        crop_cache(self.cache, keep)
         if self.head_past is not None:
-            self.head_past = [(k[:, :, :keep], v[:, :, :keep]) for k, v in self.head_past]
+            own = keep - self.head_past_start
+            self.head_past = [(k[:, :, :own], v[:, :, :own]) for k, v in self.head_past]
         self.attention_mask = self.attention_mask[:, :keep]
 
     def num_drafts(self, row, max_length, limit=None):
         """Drafts row `row` may send: at most `limit` (default k - 1), and none past `max_length`."""
         limit = self.k - 1 if limit is None else limit
+        if self.end_length is not None:
+            max_length = min(max_length, self.end_length)
         return max(0, min(limit, max_length - self.rows[row].shape[0] - 1)) if self.unfinished[row] else 0
 
     def context_drafts(self, counts, max_length):
@@ -545,8 +674,7 @@ class _Decoder:
             _at_positions(x, last) for x in (normed, layer_input, next_tokens, positions))
         base_kv = None
         if model.uses_layer_input:
-            last_layer = self.cache.layers[-1]
-            base_kv = (last_layer.keys, last_layer.values)
+            base_kv = cache_layer_keys_values(self.cache, -1)
         return normed, layer_input, next_tokens, positions, base_kv, None
 
     def draft(self, normed, layer_input, next_tokens, positions, last, max_length):
@@ -608,7 +736,9 @@ class _Decoder:
         chained = model.config.head_input == "sequential"  # each head reads the draft before it, chosen on the way
         states, new_kv = model._head_states(
             normed=normed, layer_input=layer_input,
-            next_token_ids=next_tokens, position_ids=positions, key_padding_mask=self.attention_mask,
+            next_token_ids=next_tokens, position_ids=positions,
+            key_padding_mask=self.attention_mask if base_kv is not None or not model.uses_layer_input
+            else self.attention_mask[:, self.head_past_start :],
             base_kv=base_kv, head_past=head_past, num_heads=width + 1, choose_token=choose_token if chained else None,
         )
         if new_kv is not None:
@@ -710,7 +840,7 @@ class _Decoder:
             for layer in self.cache.layers:
                 layer.keys[:, :, start : start + n] = layer.keys[:, :, index]
                 layer.values[:, :, start : start + n] = layer.values[:, :, index]
-        self.cache.crop(start + n - self.cache.get_seq_length())
+        crop_cache(self.cache, start + n)
         self.attention_mask = torch.cat([self.attention_mask[:, :start], self.attention_mask.new_ones((1, n))], dim=1)
 
     def context_draft_probs(self, token):
@@ -771,19 +901,33 @@ def multi_token_decoding(
     """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`.
     `draft_tree_from_config`: the tree size is the generation config's default, not asked for in this call; decoding
     that cannot draft trees (sampling, batches) then drafts chains instead of raising."""
-    cache = model_kwargs.pop("cache", None) or DynamicCache(config=model.config)
+    cache = model_kwargs.pop("cache", None)
+    if cache is None:
+        cache = DynamicCache(config=model.config)
     attention_mask, position_ids = model_kwargs.pop("attention_mask", None), model_kwargs.pop("position_ids", None)
     streamer = multi_token_streamer if multi_token_streamer is not None else streamer
-    if draft_tree_from_config and _draft_tree_unsupported(model, generation_config, input_ids.shape[0], verify):
+    batch_size = input_ids.shape[0]
+    if draft_tree_from_config and _draft_tree_unsupported(model, generation_config, batch_size, verify, cache):
         draft_tree_size = 0
     _check_supported(model, input_ids, generation_config, model_kwargs, verify=verify, streamer=streamer,
-                     tree_size=draft_tree_size)
+                     tree_size=draft_tree_size, cache=cache)
     keep_scores = generation_config.return_dict_in_generate and (
         generation_config.output_scores or generation_config.output_logits
     )
     if keep_scores and not verify:
         raise ValueError("multi_token_mode='unverified' has no base-model scores for its drafted tokens; drop "
                          "output_scores / output_logits or use the verified mode.")
+    # Continuing from a cache (as `generate()` does): the cache holds the text's first positions, and the call passes
+    # either the whole text (its cached part is skipped) or only the new tokens with a mask over everything.
+    past = int(cache.get_seq_length())
+    mask_length = attention_mask.shape[1] if attention_mask is not None else getattr(
+        generation_config, "_mask_length", input_ids.shape[1])
+    prompt_cache_length = input_ids.shape[1] if mask_length == input_ids.shape[1] else past + input_ids.shape[1]
+    if prompt_cache_length <= past:
+        raise ValueError(
+            f"The cache already holds {past} positions and the input has {input_ids.shape[1]} tokens, so there is "
+            "nothing new to read; pass the cached text plus at least one new token."
+        )
     pad = generation_config._pad_token_tensor
     decoder = _Decoder(
         model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
@@ -791,11 +935,12 @@ def multi_token_decoding(
         keep_scores=keep_scores, do_sample=generation_config.do_sample,
         pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
         lookup_ngram=draft_lookup_ngram, lookup_num_tokens=draft_lookup_num_tokens, datastore=draft_datastore,
-        tree_size=draft_tree_size,
+        tree_size=draft_tree_size, prompt_cache_length=prompt_cache_length, max_length=generation_config.max_length,
     )
     decoder.stats.verified = verify
     step = _tree_steps if draft_tree_size else _verified_steps if verify else _unverified_steps
-    step(decoder, input_ids, generation_config.max_length)
+    step(decoder, input_ids[:, input_ids.shape[1] - (prompt_cache_length - past) :], generation_config.max_length)
+    decoder.finalize_cache()
     if decoder.streamer is not None:
         decoder.streamer.end()
     sequences = decoder.sequences()
@@ -844,7 +989,7 @@ def _verified_steps(decoder, prompt, max_length):
         # verify: one trunk pass over [last token, drafts] for every row
         block, real = _block(decoder, drafts)
         positions = decoder.last_position[:, None] + 1 + torch.arange(block.shape[1], device=block.device)
-        cache_before = decoder.cache.get_seq_length()
+        cache_before = int(decoder.cache.get_seq_length())
         logits, normed, layer_input = decoder.forward(block, positions, real)
         accepted = torch.zeros(decoder.batch_size, dtype=torch.long, device=block.device)
         next_tokens = block.roll(-1, dims=1)  # the token after each block position, where it was kept
@@ -881,7 +1026,7 @@ def _tree_steps(decoder, prompt, max_length):
     stats = decoder.stats
     while decoder.unfinished[0]:
         # verify: one trunk pass over every node of the tree
-        cache_before = decoder.cache.get_seq_length()
+        cache_before = int(decoder.cache.get_seq_length())
         logits, normed, layer_input = decoder.forward_tree(tree)
         # accept: the path of drafts the base model keeps, then a token of its own
         path, tokens, scores = decoder.accept_tree(tree, logits)
@@ -892,10 +1037,10 @@ def _tree_steps(decoder, prompt, max_length):
         stats.accepted_per_step.append(n + 1)
         # emit, token by token, as plain decoding would
         decoder.emit(0, tokens, scores, logits[path])
-        if not decoder.unfinished[0]:
-            break
         # roll back: the cache keeps the accepted path only
         decoder.keep_path(cache_before, path)
+        if not decoder.unfinished[0]:
+            break
         positions = decoder.last_position[:, None] + 1 + torch.arange(n + 1, device=tokens.device)[None]
         decoder.last_position = decoder.last_position + n + 1
         # draft from the last accepted node; its next token is the one just emitted

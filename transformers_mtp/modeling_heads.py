@@ -84,6 +84,12 @@ class QueryExtensionHead(nn.Module):
     def copy_from_base_layer(self, layer: nn.Module):
         raise NotImplementedError
 
+    @staticmethod
+    def base_layer_keys_values(layer: nn.Module, hidden: torch.Tensor, position_embeddings):
+        """The keys and values [B, kvH, T, D] that the base decoder `layer` computes (and caches) from its input
+        `hidden` [B, T, H], for `share_kv` heads when the trunk filled no cache."""
+        raise NotImplementedError
+
     def _reset_token_fc(self):
         if self.use_token:
             hidden_size = self.token_fc.out_features
@@ -159,6 +165,16 @@ class LlamaQueryExtensionHead(QueryExtensionHead):
             return apply_rotary_pos_emb(query, query, cos, sin)[0], None
         return apply_rotary_pos_emb(query, key, cos, sin)
 
+    @staticmethod
+    def base_layer_keys_values(layer, hidden, position_embeddings):
+        attn = layer.self_attn
+        shape = (*hidden.shape[:-1], -1, attn.head_dim)
+        normed = layer.input_layernorm(hidden)
+        key = attn.k_proj(normed).view(shape).transpose(1, 2)
+        value = attn.v_proj(normed).view(shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        return apply_rotary_pos_emb(key, key, cos, sin)[1], value
+
     @torch.no_grad()
     def copy_from_base_layer(self, layer):
         attn = layer.self_attn
@@ -193,6 +209,13 @@ class GPT2QueryExtensionHead(QueryExtensionHead):
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         inner_dim = config.n_inner if config.n_inner is not None else 4 * config.hidden_size
         self.mlp = GPT2MLP(inner_dim, config)
+
+    @staticmethod
+    def base_layer_keys_values(layer, hidden, position_embeddings):
+        attn = layer.attn
+        _, key, value = attn.c_attn(layer.ln_1(hidden)).split(attn.split_size, dim=2)
+        shape = (*hidden.shape[:-1], -1, attn.head_dim)
+        return key.view(shape).transpose(1, 2), value.view(shape).transpose(1, 2)
 
     @torch.no_grad()
     def copy_from_base_layer(self, layer):

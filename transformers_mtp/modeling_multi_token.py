@@ -15,12 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.utils import logging
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils import can_return_tuple, logging
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
 from .generation_multi_token import (
     DATASTORE_EMPTY_KEY,
     MULTI_TOKEN_MODES,
+    cache_layer_keys_values,
     multi_token_decoding,
     resolve_draft_confidence_threshold,
     resolve_draft_datastore,
@@ -50,12 +53,26 @@ class MultiTokenCausalLMOutput(CausalLMOutputWithPast):
     head_losses: torch.FloatTensor | None = None
 
 
-def head_cross_entropy(logits, labels, shift):
-    """Mean cross-entropy of `logits` [B, T, V] at position t against `labels[t + shift]` (-100 ignored).
-    A head with no scored token gives 0 rather than NaN."""
-    pred, target = logits[:, :-shift].float(), labels[:, shift:]
+def head_cross_entropy(logits, targets, offset, num_items_in_batch=None):
+    """
+    Cross-entropy of `logits` [B, T, V] at position t against `targets[t + offset]` (-100 ignored), where `targets`
+    are already shifted as `shift_labels` are: `targets[t]` is the token that follows position t. Mean over the scored
+    tokens, or their sum divided by `num_items_in_batch` (as transformers' causal-LM loss does under gradient
+    accumulation). A head with no scored token gives 0 rather than NaN.
+    """
+    length = logits.shape[1]
+    pred, target = logits[:, : length - offset].float(), targets[:, offset:].to(logits.device)
     total = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
+    if num_items_in_batch is not None:
+        return total / num_items_in_batch
     return total / (target != -100).sum().clamp(min=1)
+
+
+def shifted_targets(labels=None, shift_labels=None):
+    """The token after each position [B, T] (-100 where none): `shift_labels` as given, else `labels` shifted left."""
+    if shift_labels is not None:
+        return shift_labels
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
 
 
 def aggregate_head_losses(per_head, weights=None):
@@ -66,16 +83,19 @@ def aggregate_head_losses(per_head, weights=None):
     return (weights * per_head).sum() / weights.sum()
 
 
-def multi_token_loss(logits, head_logits, labels, weights=None):
+def multi_token_loss(logits, head_logits, labels=None, weights=None, *, shift_labels=None, num_items_in_batch=None):
     """
     Each head's cross-entropy computed separately, then aggregated (seed 004: a joint loss over the block diverged).
 
     logits: [B, T, V] (head 0), head_logits: [B, T, K-1, V], labels: [B, T] with -100 ignored, the usual causal-LM
-    labels (the shift happens here: head i at position t is scored against labels[t + 1 + i]).
+    labels (the shift happens here: head i at position t is scored against labels[t + 1 + i]); or `shift_labels`
+    [B, T], already shifted (as sequence-parallel training passes them): head i at t is scored against
+    shift_labels[t + i]. `num_items_in_batch`: as in transformers' causal-LM loss (gradient accumulation).
     Returns (loss, per_head [K]).
     """
+    targets = shifted_targets(labels, shift_labels)
     heads = [logits] + [head_logits[:, :, i] for i in range(head_logits.shape[2])]
-    per_head = torch.stack([head_cross_entropy(head, labels, 1 + i) for i, head in enumerate(heads)])
+    per_head = torch.stack([head_cross_entropy(head, targets, i, num_items_in_batch) for i, head in enumerate(heads)])
     return aggregate_head_losses(per_head, weights), per_head
 
 
@@ -201,6 +221,7 @@ class MultiTokenPredictionMixin:
             use_cache=use_cache,
             inputs_embeds=inputs_embeds,
             output_hidden_states=[-2] if need_layer_input else None,
+            return_dict=True,
             **kwargs,
         )
         layer_input = out.hidden_states[-2] if need_layer_input else None
@@ -257,34 +278,26 @@ class MultiTokenPredictionMixin:
                 hidden = output
         return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                labels=None, use_cache=None, logits_to_keep=0, output_head_logits=False, **kwargs):
-        r"""
-        Without `labels` or `output_head_logits=True` this is exactly the base causal LM's forward, at its cost.
-        Otherwise also computes the heads and returns a [`MultiTokenCausalLMOutput`] whose `logits` are the base
-        model's and whose `head_logits` are `[batch, seq, num_heads - 1, vocab]`; with `labels`, `loss` aggregates
-        the per-head cross-entropies (`head_losses`).
-        """
-        if labels is None and not output_head_logits:
-            return super().forward(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
-            )
+    def _forward_with_heads(self, input_ids=None, *, labels=None, cache=None, use_cache=None, attention_mask=None,
+                            position_ids=None, inputs_embeds=None, logits_to_keep=0, shift_labels=None,
+                            num_items_in_batch=None, **trunk_kwargs):
+        """`forward` with labels or `output_head_logits=True`: the trunk once, then the base logits, every head's
+        logits and, with labels, the per-head losses. `trunk_kwargs` go to the trunk as the base forward passes them."""
         num_heads = self.config.num_heads
-        if labels is not None and labels.shape[1] <= num_heads:
+        scored = labels if labels is not None else shift_labels
+        if scored is not None and scored.shape[1] <= num_heads:
             raise ValueError(
-                f"labels have {labels.shape[1]} tokens, so head {num_heads - 1} has nothing to predict; "
+                f"labels have {scored.shape[1]} tokens, so head {num_heads - 1} has nothing to predict; "
                 f"use sequences of at least num_heads + 1 = {num_heads + 1} tokens."
             )
+        past = int(cache.get_seq_length()) if cache is not None else 0
         share_kv = self.uses_layer_input and self.config.head_share_kv
         normed, layer_input, out_cache = self._trunk_forward(
             input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-            use_cache=True if share_kv else use_cache, inputs_embeds=inputs_embeds, **kwargs,
+            use_cache=True if share_kv else use_cache, inputs_embeds=inputs_embeds, **trunk_kwargs,
         )
-        logits = self.lm_head(normed)
         seq_len = normed.shape[1]
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:  # as the trunk computes them
             position_ids = torch.arange(past, past + seq_len, device=normed.device)[None]
         next_token_ids = None
         if self.uses_layer_input and self.config.head_reads_next_token:
@@ -296,21 +309,42 @@ class MultiTokenPredictionMixin:
             next_token_ids = F.pad(input_ids[:, 1:], (0, 1), value=0)
         base_kv = None
         if share_kv:
-            last = out_cache.layers[-1]
-            base_kv = (last.keys, last.values)
+            base_kv = self._last_layer_keys_values(out_cache, layer_input, position_ids, past)
         head_states, _ = self._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_token_ids, position_ids=position_ids,
             key_padding_mask=attention_mask if attention_mask is not None and (attention_mask == 0).any() else None,
             base_kv=base_kv,
         )
-        head_logits = self.lm_head(head_states)
+        if labels is None and shift_labels is None:  # logits_to_keep applies where no loss needs every position
+            normed, head_states = slice_logits_to_keep(normed, logits_to_keep), slice_logits_to_keep(
+                head_states, logits_to_keep)
+        logits, head_logits = self.lm_head(normed), self.lm_head(head_states)
         loss = head_losses = None
         if labels is not None:
-            loss, head_losses = multi_token_loss(logits, head_logits, labels, self.config.head_loss_weights)
+            loss, head_losses = multi_token_loss(
+                logits, head_logits, labels, self.config.head_loss_weights, shift_labels=shift_labels,
+                num_items_in_batch=num_items_in_batch,
+            )
         return MultiTokenCausalLMOutput(
-            loss=loss, logits=logits, cache=out_cache if use_cache else None, head_logits=head_logits,
+            loss=loss, logits=logits, cache=out_cache if use_cache is not False else None, head_logits=head_logits,
             head_losses=head_losses,
         )
+
+    def _last_layer_keys_values(self, cache, layer_input, position_ids, past):
+        """The base last layer's (keys, values) [B, kvH, past + T, D] that `share_kv` heads attend over: read from
+        the cache the trunk filled; computed from the layer's input where it filled none (gradient checkpointing
+        turns caching off in training)."""
+        if cache is not None and int(cache.get_seq_length()) == past + layer_input.shape[1]:
+            return cache_layer_keys_values(cache, -1)
+        if past:
+            raise ValueError(
+                "share_kv heads need the base last layer's keys and values of the cached positions, but the trunk "
+                "did not extend the cache (gradient checkpointing in training mode turns caching off); call the model "
+                "in eval mode, or without a cache."
+            )
+        last_layer, rotary = self._parts()[1], self._parts()[4]
+        position_embeddings = rotary(layer_input, position_ids) if rotary is not None else None
+        return self.query_extension_head_class.base_layer_keys_values(last_layer, layer_input, position_embeddings)
 
     # --- generation ---------------------------------------------------------------------------------------------
     def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
@@ -456,9 +490,35 @@ def _move_stop_strings_into_criteria(model, kwargs):
         kwargs["generation_config"] = GenerationConfig(**{**config.to_dict(), "stop_strings": None})
 
 
+_FORWARD_DOC = r"""
+        The base causal LM's forward, with the same arguments. Without `labels` or `output_head_logits=True` it is
+        exactly the base forward, at its cost. Otherwise it also computes the heads and returns a
+        [`MultiTokenCausalLMOutput`] whose `logits` are the base model's and whose `head_logits` are
+        `[batch, seq, num_heads - 1, vocab]`; with `labels` (or `labels` and `shift_labels`), `loss` aggregates the
+        per-head cross-entropies (`head_losses`) instead of head 0's alone.
+"""
+
+
 class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
     config_class = MultiTokenLlamaConfig
     query_extension_head_class = LlamaQueryExtensionHead
+
+    # The signature is LlamaForCausalLM.forward's, plus `output_head_logits`.
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, logits_to_keep=0, output_head_logits=False, **kwargs):
+        if labels is None and not output_head_logits:
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
+            )
+        return self._forward_with_heads(
+            input_ids, labels=labels, cache=cache, use_cache=use_cache, attention_mask=attention_mask,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, logits_to_keep=logits_to_keep, **kwargs,
+        )
+
+    forward.__doc__ = _FORWARD_DOC
 
     def _parts(self):
         return self.model, self.model.layers[-1], self.model.norm, self.model.embed_tokens, self.model.rotary_emb
@@ -467,6 +527,33 @@ class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
 class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
     config_class = MultiTokenGPT2Config
     query_extension_head_class = GPT2QueryExtensionHead
+
+    # The signature is GPT2LMHeadModel.forward's (its own positional order), plus `output_head_logits`.
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @can_return_tuple
+    def forward(self, input_ids=None, cache=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, encoder_hidden_states=None, encoder_attention_mask=None, labels=None,
+                use_cache=None, logits_to_keep=0, output_head_logits=False, **kwargs):
+        if labels is None and not output_head_logits:
+            return super().forward(
+                input_ids=input_ids, cache=cache, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                position_ids=position_ids, inputs_embeds=inputs_embeds, encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, logits_to_keep=logits_to_keep,
+                **kwargs,
+            )
+        if token_type_ids is not None or encoder_hidden_states is not None:
+            # the heads read the last layer's input and the token embedding; they were not built for either
+            raise ValueError(
+                "The heads do not take token_type_ids or encoder_hidden_states (cross-attention); drop them, or call "
+                "the model without labels and output_head_logits for the base model's logits."
+            )
+        return self._forward_with_heads(
+            input_ids, labels=labels, cache=cache, use_cache=use_cache, attention_mask=attention_mask,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, logits_to_keep=logits_to_keep,
+            encoder_attention_mask=encoder_attention_mask, **kwargs,
+        )
+
+    forward.__doc__ = _FORWARD_DOC
 
     def _parts(self):
         # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding

@@ -5,10 +5,15 @@
   modules train), so the base model's outputs are bit-identical after training.
 - The frozen trunk runs once per sequence (`cache_trunk_features`); each step then runs only the heads and the
   shared lm_head, several times cheaper than a full forward on CPU.
-- `Trainer` brings gradient accumulation, warmup, bf16, multi-GPU through the standard launchers, checkpoints of the
-  adapter only, and exact resumption (optimizer, scheduler, RNG and data order are restored).
+- `Trainer` brings gradient accumulation, warmup, bf16, checkpoints of the adapter only, and exact resumption
+  (optimizer, scheduler, RNG and data order are restored; the draft vocabulary and datastore are read back from the
+  checkpoint, and a changed recipe is refused).
+- One process: the loss is computed from cached features outside the model's forward, which a DDP wrapper would
+  not see (no gradient sync), so `train_heads` refuses to start under `torchrun` / `accelerate launch`.
 """
 
+import hashlib
+import json
 import math
 import os
 import random
@@ -87,8 +92,6 @@ HEAD_SETTING_KEYS = ("num_heads", "head_type", "head_rank", "head_input", "head_
 
 
 def _save_head_settings(model, folder):
-    import json
-
     settings = {key: getattr(model.config, key) for key in HEAD_SETTING_KEYS}
     settings["num_predict_heads"] = getattr(model.generation_config, "num_predict_heads", model.config.num_heads)
     settings["draft_tree_size"] = getattr(model.generation_config, "draft_tree_size", None) or 0
@@ -160,20 +163,21 @@ def features_loss(model, batch):
     )
     weight, draft_ids = model.draft_unembedding()
     head_logits = states @ weight.T  # [B, T, K-1, V or draft vocabulary]
-    # teacher[t] is the base model's argmax at t, i.e. its token t + 1: as causal-LM labels, shifted right by one
-    labels = F.pad(teacher, (1, 0), value=-100)[:, :length]
-    draft_labels = labels
+    # teacher[t] is the base model's argmax at t, i.e. its token t + 1: already shifted, as `shift_labels` are. The
+    # last position's argmax is a token past the end of the text, which is not scored.
+    targets = F.pad(teacher[:, :-1], (0, 1), value=-100)
+    draft_targets = targets
     if draft_ids is not None:  # targets as draft-vocabulary indices; a token outside it cannot be learned (-100)
-        lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=labels.device)
-        lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=labels.device)
-        draft_labels = torch.where(labels == -100, labels, lookup[labels.clamp(min=0)])
+        lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=targets.device)
+        lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=targets.device)
+        draft_targets = torch.where(targets == -100, targets, lookup[targets.clamp(min=0)])
     per_head, agreement = [], []
     for i in range(1, head_logits.shape[2] + 1):
         logits = head_logits[:, :, i - 1]
-        per_head.append(head_cross_entropy(logits, draft_labels, 1 + i))
-        target = labels[:, 1 + i :]
+        per_head.append(head_cross_entropy(logits, draft_targets, i))
+        target = targets[:, i:]
         scored = target != -100  # agreement counts every target, in the draft vocabulary or not
-        choice = logits[:, : length - 1 - i].argmax(-1)
+        choice = logits[:, : length - i].argmax(-1)
         agreed = ((choice if draft_ids is None else draft_ids[choice]) == target) & scored
         agreement.append(torch.stack([agreed.sum(), scored.sum()]))
     per_head = torch.stack(per_head)
@@ -184,9 +188,10 @@ def features_loss(model, batch):
 class HeadsTrainer(Trainer):
     """`Trainer` whose loss comes from cached trunk features, with per-head top-1 agreement in the logs."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, recipe=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._agreement = None
+        self.recipe = recipe  # written into each checkpoint (see `training_recipe`)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, _, agreement = features_loss(model.get_base_model(), inputs)
@@ -211,6 +216,10 @@ class HeadsTrainer(Trainer):
         finally:
             self.args.output_dir = real_dir
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        # what resume reads back instead of recomputing: the head settings, draft vocabulary, datastore and recipe
+        _save_head_settings(self.model.get_base_model(), os.path.join(staging, name))
+        if self.recipe is not None:
+            Path(staging, name, RECIPE_FILE).write_text(json.dumps(self.recipe, indent=2, sort_keys=True) + "\n")
         target = os.path.join(real_dir, name)
         if os.path.exists(target):
             shutil.rmtree(target)
@@ -287,6 +296,84 @@ def _prepare_output_dir(config):
     return output_dir
 
 
+RECIPE_FILE = "training_recipe.json"
+# HeadTrainingConfig fields that do not change what is trained
+_RECIPE_IGNORED = ("output_dir", "overwrite", "resume", "eval_steps", "save_steps", "logging_steps",
+                   "feature_batch_size")
+
+
+def training_recipe(model, sequences, config):
+    """What a resumed run must share with the run it continues: the head settings, the training settings, the base
+    model's config and a digest of its unembedding, and a digest of the token sequences."""
+    data = hashlib.sha256()
+    for sequence in sequences:
+        data.update(json.dumps([sequence["prompt_length"], list(sequence["input_ids"])]).encode())
+    base = {k: v for k, v in model.config.to_dict().items() if k not in HEAD_SETTING_KEYS
+            and k not in ("transformers_version", "auto_map", "architectures", "dtype", "torch_dtype")}
+    weight = model.lm_head.weight.detach().float().cpu()
+    return {
+        "heads": {key: getattr(model.config, key) for key in HEAD_SETTING_KEYS},
+        "training": {k: v for k, v in vars(config).items() if k not in _RECIPE_IGNORED},
+        "base_config": hashlib.sha256(json.dumps(base, sort_keys=True, default=str).encode()).hexdigest(),
+        "base_unembedding": hashlib.sha256(weight.numpy().tobytes()).hexdigest(),
+        "data": data.hexdigest(),
+        "num_sequences": len(sequences),
+    }
+
+
+def _check_recipe(saved, current, checkpoint):
+    """A resume whose recipe differs from the checkpoint's is an error naming what changed."""
+    changed = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += [f"{key}.{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                        if old.get(k) != new.get(k)]
+        elif old != new:
+            digest = key in ("data", "base_config", "base_unembedding")
+            changed.append(f"{key}: changed" if digest else f"{key}: {old!r} -> {new!r}")
+    if changed:
+        raise ValueError(
+            f"resume=True, but {checkpoint} was trained with another recipe ({'; '.join(changed)}). Resume with the "
+            "same model, data and settings, or start a new run in another output_dir (or pass overwrite=True)."
+        )
+
+
+def _latest_checkpoint(output_dir):
+    checkpoints = [p for p in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir()]
+    return max(checkpoints, key=lambda p: int(p.name.rsplit("-", 1)[1])) if checkpoints else None
+
+
+def _restore_draft_tables(model, checkpoint):
+    """Set the draft vocabulary and datastore that `checkpoint` was trained with (read back, not recomputed)."""
+    for size, name, restore in (
+        (model.config.draft_vocab_size, DRAFT_VOCAB_FILE,
+         lambda tables: model.set_draft_vocabulary(tables["draft_token_ids"])),
+        (model.config.draft_datastore_size, DRAFT_DATASTORE_FILE,
+         lambda tables: model.set_draft_datastore(tables["keys"], tables["tokens"])),
+    ):
+        if size is None:
+            continue
+        path = checkpoint / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the checkpoint cannot be resumed with the draft tables it was "
+                                    "trained with. Start a new run (overwrite=True).")
+        restore(load_file(str(path)))
+
+
+def _refuse_multiple_processes():
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world_size = max(world_size, torch.distributed.get_world_size())
+    if world_size > 1:
+        raise RuntimeError(
+            f"train_heads runs in one process, but this is one of {world_size} (torchrun / accelerate launch set "
+            "WORLD_SIZE): the heads' loss comes from cached trunk features outside the model's forward, so a DDP "
+            "wrapper would not synchronise their gradients, and every process would write checkpoints. Start it as "
+            "one process (python -m transformers_mtp train ..., --device cuda for one GPU)."
+        )
+
+
 def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None, features=None, progress=True):
     """
     Train heads 1..num_heads-1 of a converted multi-token `model` on token `sequences` (dicts with `input_ids` and
@@ -294,8 +381,11 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     (a full checkpoint that loads with `trust_remote_code=True`). Returns (merged model, final eval metrics).
     `features`: trunk features of `sequences` (same order) cached earlier with `cache_trunk_features(...,
     all_features=True)`, to train several head types on one cache. Training runs on the model's device: move the
-    model to a GPU first to train there (bf16 by default).
+    model to a GPU first to train there (bf16 by default). It runs in one process and raises under `torchrun` /
+    `accelerate launch`. With `config.resume`, the latest checkpoint's recipe must match this call's (the same model,
+    sequences and settings) and its draft vocabulary and datastore are used as saved.
     """
+    _refuse_multiple_processes()
     output_dir = _prepare_output_dir(config)
     if features is not None:
         if len(features) != len(sequences):
@@ -313,12 +403,21 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     else:
         features = [features_by_id[id(s)] for s in train_items + eval_items]
     train_features, eval_features = features[: len(train_items)], features[len(train_items) :]
-    if model.config.draft_vocab_size is not None:  # deterministic for the data and seed, so a resume recomputes it
-        model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))
-    if model.config.draft_datastore_size is not None:  # from every answer: the datastore is not what eval measures
-        model.set_draft_datastore(*build_draft_datastore(
-            usable, vocab_size=model.config.vocab_size, length=model.config.num_heads - 1,
-            max_entries=model.config.draft_datastore_size, min_count=config.datastore_min_count))
+    recipe = training_recipe(model, usable, config)
+    checkpoint = _latest_checkpoint(output_dir) if config.resume else None
+    if checkpoint is not None:
+        if not (checkpoint / RECIPE_FILE).is_file():
+            raise FileNotFoundError(f"{checkpoint / RECIPE_FILE} is missing: this checkpoint was not written by "
+                                    "train_heads, or by an older release; start a new run (overwrite=True).")
+        _check_recipe(json.loads((checkpoint / RECIPE_FILE).read_text()), recipe, checkpoint)
+        _restore_draft_tables(model, checkpoint)
+    else:
+        if model.config.draft_vocab_size is not None:
+            model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))
+        if model.config.draft_datastore_size is not None:  # from every answer: the datastore is not what eval measures
+            model.set_draft_datastore(*build_draft_datastore(
+                usable, vocab_size=model.config.vocab_size, length=model.config.num_heads - 1,
+                max_entries=model.config.draft_datastore_size, min_count=config.datastore_min_count))
 
     peft_model = get_peft_model(model, lora_config_for(model, config.lora_rank))
     on_cuda = model.device.type == "cuda"  # train where the caller put the model (and where the features are)
@@ -348,11 +447,11 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,  # the cached features already live on the model's device
     )
-    trainer = HeadsTrainer(model=peft_model, args=args, train_dataset=_ListDataset(train_features),
+    trainer = HeadsTrainer(model=peft_model, args=args, recipe=recipe, train_dataset=_ListDataset(train_features),
                            eval_dataset=_ListDataset(eval_features) if eval_features else None,
                            data_collator=collate_features)
     trainer.add_callback(AgreementInProgressBar(trainer))
-    trainer.train(resume_from_checkpoint=True if config.resume else None)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     metrics = trainer.evaluate() if eval_features else {}
 
     save_atomically(peft_model, output_dir / "adapter", overwrite=True, write_extra=partial(_save_head_settings, model))
@@ -364,7 +463,6 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
 def _read_cache(cache, expected, describe):
     """Lines of a self-distillation cache, checked against `expected` (one (prompt, extra) key per line, in order):
     a cache made from other prompts or settings is an error naming the line, never silently reused."""
-    import json
 
     if cache is None or not cache.is_file():
         return []
@@ -382,8 +480,6 @@ def _read_cache(cache, expected, describe):
 
 
 def _write_cache(cache, sequences):
-    import json
-
     cache.parent.mkdir(parents=True, exist_ok=True)
     staging = cache.with_suffix(f".{os.getpid()}.tmp")  # one per process: under torchrun every rank writes the same
     staging.write_text("".join(json.dumps(s) + "\n" for s in sequences))
