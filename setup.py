@@ -33,6 +33,7 @@ setup(
         "jinja2>=3",  # model cards (huggingface_hub's ModelCard.from_template)
         "matplotlib>=3.7",  # benchmark plots
     ],
-    extras_require={"test": ["pytest>=8"]},
+    # parameterized, numpy: imported by transformers' own common model tests (tests/transformers_suite.py)
+    extras_require={"test": ["pytest>=8", "parameterized>=0.9", "numpy>=1.17"]},
     entry_points={"console_scripts": ["transformers-mtp=transformers_mtp.cli:main"]},
 )

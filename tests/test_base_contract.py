@@ -53,8 +53,23 @@ def test_gpt2_positional_cache_and_token_type_ids():
     ours = model(tokens[:, 6:], first.cache, None, types[:, 6:]).logits
     theirs = base(tokens[:, 6:], base_first.cache, None, types[:, 6:]).logits
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="token_type_ids or encoder_hidden_states"):
-        model(tokens, token_type_ids=types, output_head_logits=True)
+    # the heads path reads the trunk that saw the token types
+    with_heads = model(tokens, token_type_ids=types, output_head_logits=True).logits
+    torch.testing.assert_close(with_heads, base(tokens, token_type_ids=types).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("head_type,extra", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hidden_states_and_attentions_on_the_heads_path(arch, head_type, extra):
+    model = tiny_mtp(arch, head_type, **extra)
+    model.set_attn_implementation("eager")
+    tokens = ids()
+    plain = model(tokens, output_hidden_states=True, output_attentions=True)
+    with_heads = model(tokens, labels=tokens, output_hidden_states=True, output_attentions=True)
+    assert len(with_heads.hidden_states) == len(plain.hidden_states) == model.config.num_hidden_layers + 1
+    for ours, theirs in zip(with_heads.hidden_states + with_heads.attentions, plain.hidden_states + plain.attentions):
+        torch.testing.assert_close(ours, theirs)
+    assert model(tokens, labels=tokens).hidden_states is None
 
 
 @pytest.mark.parametrize("head_type,extra", HEADS, ids=HEAD_IDS)

@@ -475,3 +475,33 @@ def test_direct_callers_get_positions_from_the_mask():
                        keep_scores=False, do_sample=False, pad_token_id=2, draft_threshold=0.0)
     assert decoder.prompt_positions.tolist() == [[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]
     assert decoder.last_position.tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree", "unverified", "batch"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_returned_cache_is_the_text_but_its_last_token(arch, mode):
+    """Whatever the loop left in the cache (rejected drafts, other branches of a tree, rows that accepted fewer), the
+    cache returned holds exactly each row's tokens but the last, as plain generate() leaves it."""
+    model = tiny_mtp(arch, "linear", randomize=mode != "unverified")
+    batch = 3 if mode == "batch" else 1
+    prompt = torch.randint(3, VOCAB, (batch, 6), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(prompt)
+    if batch > 1:
+        mask[0, :3] = 0
+        mask[2, :1] = 0
+    kwargs = {"draft_tree_size": 6} if mode == "tree" else {}
+    out = model.generate(prompt, attention_mask=mask, max_new_tokens=13, do_sample=False, eos_token_id=None,
+                         pad_token_id=2, return_dict_in_generate=True,
+                         multi_token_mode="unverified" if mode == "unverified" else True, **kwargs)
+    assert out.multi_token_stats.tokens_per_forward > 1.0  # drafts were accepted (or appended)
+    text = out.sequences[:, :-1]
+    full_mask = torch.cat([mask, torch.ones_like(text[:, 6:])], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() counts them under left padding
+    rebuilt = model(text, attention_mask=full_mask, position_ids=positions, use_cache=True).cache
+    assert out.cache.get_seq_length() == text.shape[1]
+    real = full_mask.bool()  # padding positions hold anything
+    for ours, theirs in zip(out.cache.layers, rebuilt.layers):
+        torch.testing.assert_close(ours.keys.transpose(1, 2)[real], theirs.keys.transpose(1, 2)[real], rtol=1e-4,
+                                   atol=1e-5)
+        torch.testing.assert_close(ours.values.transpose(1, 2)[real], theirs.values.transpose(1, 2)[real],
+                                   rtol=1e-4, atol=1e-5)

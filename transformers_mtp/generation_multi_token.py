@@ -400,23 +400,46 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, *, verif
         )
 
 
-# Processor state that holds one entry per row of the batch: (processor class name, attribute). Every other tensor
-# a processor holds (token ids, biases) is shared by all rows, however long it is.
-_PER_ROW_PROCESSOR_STATE = (("RepetitionPenaltyLogitsProcessor", "prompt_ignore_length"),)
-# Processors that keep state across calls, which calling them row by row, or again for a rejected draft, would break
-_STATEFUL_PROCESSORS = ("SynthIDTextWatermarkLogitsProcessor",)
+def _rows_of_tensor(attribute):
+    """Per-row state held as a tensor with one entry (row) per row of the batch."""
+    def cut(processor, row, batch_size):
+        value = getattr(processor, attribute, None)
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size:
+            return {attribute: value[row : row + 1]}
+        return {}
+    return cut
+
+
+def _rows_of_encoder_ngrams(processor, row, batch_size):
+    return {"batch_size": 1, "generated_ngrams": [processor.generated_ngrams[row]]}
+
+
+# State that transformers' processors keep per row of the batch, and how to cut one row of it. Every other tensor a
+# processor holds (token ids, biases) is shared by all rows, however long it is.
+_PER_ROW_PROCESSOR_STATE = {
+    "RepetitionPenaltyLogitsProcessor": _rows_of_tensor("prompt_ignore_length"),  # each prompt's padding
+    "EncoderRepetitionPenaltyLogitsProcessor": _rows_of_tensor("encoder_input_ids"),  # each row's prompt
+    "EncoderNoRepeatNGramLogitsProcessor": _rows_of_encoder_ngrams,  # each row's prompt n-grams
+}
+# Processors that keep state across calls (a watermark's context, a guidance model's own cache), which checking
+# several drafts per pass, or a draft that is rejected, would advance wrongly
+_STATEFUL_PROCESSORS = {
+    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config (SynthID)",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+}
 
 
 def _processors_per_row(logits_processor, batch_size):
     """
     One `LogitsProcessorList` per row. Rows of a batch advance by different numbers of tokens, so each row's
-    processors are called on that row alone; state that transformers keeps per row (the repetition penalty's
-    `prompt_ignore_length`: the padding of each prompt) is cut to that row's entry.
+    processors are called on that row alone, with that row's share of the state transformers keeps per row.
     """
     for processor in logits_processor:
-        if type(processor).__name__ in _STATEFUL_PROCESSORS:
-            raise ValueError(f"{type(processor).__name__} keeps state across calls, which verifying several drafts per "
-                             "pass would advance wrongly; drop multi_token_mode to use it.")
+        option = _STATEFUL_PROCESSORS.get(type(processor).__name__)
+        if option is not None:
+            raise ValueError(f"{option} builds {type(processor).__name__}, which keeps state from one call to the "
+                             "next; verifying several drafts per pass would advance it wrongly. Drop multi_token_mode "
+                             f"to use it, or drop {option}.")
     if batch_size == 1:
         return [logits_processor]
     rows = []
@@ -427,11 +450,8 @@ def _processors_per_row(logits_processor, batch_size):
             if name == "PrefixConstrainedLogitsProcessor":
                 raise ValueError("prefix_allowed_tokens_fn is called with the batch index, which batched "
                                  "multi_token_mode does not keep; pass one prompt at a time.")
-            per_row = {}
-            for owner, attribute in _PER_ROW_PROCESSOR_STATE:
-                value = getattr(processor, attribute, None) if name == owner else None
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size:
-                    per_row[attribute] = value[row : row + 1]
+            cut = _PER_ROW_PROCESSOR_STATE.get(name)
+            per_row = cut(processor, row, batch_size) if cut is not None else {}
             if per_row:
                 processor = copy.copy(processor)
                 vars(processor).update(per_row)
@@ -565,6 +585,8 @@ class _Decoder:
     def emit(self, row, tokens, scores=None, logits=None):
         """Append tokens to row `row` one at a time, checking the stopping criteria after each. Returns the number
         appended (fewer than given when the row stopped)."""
+        if not self.unfinished[row]:
+            return 0
         for j in range(tokens.shape[0]):
             token = tokens[j : j + 1]
             self.rows[row] = torch.cat([self.rows[row], token])
@@ -994,7 +1016,7 @@ def _verified_steps(decoder, prompt, max_length):
         accepted = torch.zeros(decoder.batch_size, dtype=torch.long, device=block.device)
         next_tokens = block.roll(-1, dims=1)  # the token after each block position, where it was kept
         for i in range(decoder.batch_size):
-            if not real[i, 0]:
+            if not real[i, 0] or not decoder.unfinished[i]:  # ended before this pass, or by a row before it in it
                 continue
             d = drafts[i].shape[0]
             # accept: the drafts the base model keeps, then a token of its own
@@ -1057,9 +1079,12 @@ def _unverified_steps(decoder, prompt, max_length):
     while decoder.unfinished[0]:
         row_drafts = drafts[0]
         block = torch.cat([decoder.rows[0][-1:], row_drafts])[None]
-        if decoder.emit(0, row_drafts) < row_drafts.shape[0] or not decoder.unfinished[0]:
-            break
+        decoder.emit(0, row_drafts)
         positions = decoder.last_position[:, None] + 1 + torch.arange(block.shape[1], device=block.device)
+        if not decoder.unfinished[0]:
+            if row_drafts.shape[0]:  # the appended drafts still go into the cache, for a call that continues from it
+                decoder.forward(block, positions)
+            break
         logits, normed, layer_input = decoder.forward(block, positions)
         scores = decoder.processed_scores(0, logits[0], row_drafts)
         choices = scores.argmax(-1)

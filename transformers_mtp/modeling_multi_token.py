@@ -209,10 +209,29 @@ class MultiTokenPredictionMixin:
 
     # --- forward ------------------------------------------------------------------------------------------------
     def _trunk_forward(self, input_ids=None, *, attention_mask=None, position_ids=None, cache=None, use_cache=None,
-                       inputs_embeds=None, need_layer_input=None, **kwargs):
-        """Run the frozen trunk. Returns (normed final hidden [B,T,H], input of the last layer [B,T,H] or None, cache)."""
+                       inputs_embeds=None, need_layer_input=None, output_hidden_states=None, **kwargs):
+        """
+        Run the frozen trunk. Returns (normed final hidden [B,T,H], input of the last layer [B,T,H] or None, the
+        trunk's output). `output_hidden_states` (else the config's): also return every layer's hidden states, as the
+        base model does; the heads' layer input is taken from them.
+        """
         trunk = self._parts()[0]
         need_layer_input = self.uses_layer_input if need_layer_input is None else need_layer_input
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        # Hidden states are numbered as transformers numbers them: 0 is the embeddings' output, n - 2 the last layer's
+        # input, n - 1 the final (normed) output; `output_hidden_states` may be a flag or indices (negative from the
+        # end). The trunk is asked for the user's selection plus the last layer's input when the heads read it.
+        n = self.config.num_hidden_layers + 1
+        selected = None
+        if not isinstance(output_hidden_states, bool) and output_hidden_states is not None:
+            indices = [output_hidden_states] if isinstance(output_hidden_states, int) else list(output_hidden_states)
+            selected = sorted({i % n for i in indices if -n <= i < n})
+            request = sorted(set(selected) | ({n - 2} if need_layer_input else set()))
+        elif output_hidden_states:
+            request = True
+        else:
+            request = [n - 2] if need_layer_input else False
         out = trunk(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -220,12 +239,17 @@ class MultiTokenPredictionMixin:
             cache=cache,
             use_cache=use_cache,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=[-2] if need_layer_input else None,
+            output_hidden_states=request,
             return_dict=True,
             **kwargs,
         )
-        layer_input = out.hidden_states[-2] if need_layer_input else None
-        return out.last_hidden_state, layer_input, out.cache
+        # every index has a slot; a selection leaves the others None, as the base model returns them
+        layer_input = out.hidden_states[n - 2] if need_layer_input else None
+        if selected is not None:
+            out.hidden_states = tuple(h if i in selected else None for i, h in enumerate(out.hidden_states))
+        elif not output_hidden_states:
+            out.hidden_states = None
+        return out.last_hidden_state, layer_input, out
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
                      base_kv=None, head_past=None, num_heads=None, choose_token=None):
@@ -292,10 +316,11 @@ class MultiTokenPredictionMixin:
             )
         past = int(cache.get_seq_length()) if cache is not None else 0
         share_kv = self.uses_layer_input and self.config.head_share_kv
-        normed, layer_input, out_cache = self._trunk_forward(
+        normed, layer_input, trunk_out = self._trunk_forward(
             input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             use_cache=True if share_kv else use_cache, inputs_embeds=inputs_embeds, **trunk_kwargs,
         )
+        out_cache = trunk_out.cache
         seq_len = normed.shape[1]
         if position_ids is None:  # as the trunk computes them
             position_ids = torch.arange(past, past + seq_len, device=normed.device)[None]
@@ -327,7 +352,7 @@ class MultiTokenPredictionMixin:
             )
         return MultiTokenCausalLMOutput(
             loss=loss, logits=logits, cache=out_cache if use_cache is not False else None, head_logits=head_logits,
-            head_losses=head_losses,
+            head_losses=head_losses, hidden_states=trunk_out.hidden_states, attentions=trunk_out.attentions,
         )
 
     def _last_layer_keys_values(self, cache, layer_input, position_ids, past):
@@ -541,15 +566,17 @@ class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
                 encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, logits_to_keep=logits_to_keep,
                 **kwargs,
             )
-        if token_type_ids is not None or encoder_hidden_states is not None:
-            # the heads read the last layer's input and the token embedding; they were not built for either
+        if encoder_hidden_states is not None and self.uses_layer_input:
+            # a query-extension head is a copy of the last layer's self-attention and MLP, without cross-attention
             raise ValueError(
-                "The heads do not take token_type_ids or encoder_hidden_states (cross-attention); drop them, or call "
-                "the model without labels and output_head_logits for the base model's logits."
+                "query_extension heads have no cross-attention, so they cannot read encoder_hidden_states; use "
+                "linear or resblock heads, or call the model without labels and output_head_logits."
             )
+        # token_type_ids are added to the trunk's input embeddings, which the heads read through its hidden states
         return self._forward_with_heads(
             input_ids, labels=labels, cache=cache, use_cache=use_cache, attention_mask=attention_mask,
             position_ids=position_ids, inputs_embeds=inputs_embeds, logits_to_keep=logits_to_keep,
+            token_type_ids=token_type_ids, encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask, **kwargs,
         )
 

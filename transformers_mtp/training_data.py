@@ -133,7 +133,8 @@ def cache_trunk_features(model, sequences, *, all_features=False, batch_size=1, 
         chunk = sequences[start : start + batch_size]
         width = max(len(s["input_ids"]) for s in chunk)
         ids = torch.tensor([s["input_ids"] + [0] * (width - len(s["input_ids"])) for s in chunk], device=model.device)
-        normed, layer_input, cache = model._trunk_forward(ids, use_cache=share_kv, need_layer_input=with_layer_input)
+        normed, layer_input, out = model._trunk_forward(ids, use_cache=share_kv, need_layer_input=with_layer_input)
+        cache = out.cache
         teachers = model.lm_head(normed).argmax(-1)
         for row, sequence in enumerate(chunk):
             length = len(sequence["input_ids"])
