@@ -207,10 +207,6 @@ SEQUENTIAL_NEEDS_INPUT_IDS = (
     "deliberate: head_input='sequential' reads the embeddings of the next tokens, so the head path needs input_ids "
     "and raises ValueError for inputs_embeds"
 )
-HEAD_PATH_SDPA_RUNTIME = (
-    "runtime: eager-vs-sdpa of the trunk is run by the ...Test class of the same heads; the heads call "
-    "F.scaled_dot_product_attention whatever attn_implementation is"
-)
 
 
 def expectations(cls):
@@ -222,8 +218,6 @@ def expectations(cls):
         "test_correct_missing_keys": ("skip", STRICT_LOADING, None),
         "test_model_weights_reload_no_missing_tied_weights": ("skip", STRICT_LOADING, None),
     }
-    if head_path:
-        out["test_eager_matches_sdpa_inference_*"] = ("skip", HEAD_PATH_SDPA_RUNTIME, None)
     if head_path and sequential:
         out["test_inputs_embeds"] = ("skip", SEQUENTIAL_NEEDS_INPUT_IDS, None)
     return out
