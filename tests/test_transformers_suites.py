@@ -6,8 +6,8 @@ transformers' Llama / GPT-2 model testers: batch 13, sequence 7, vocabulary 99, 
 heads (Llama: 2 key/value heads), intermediate 37; GPT-2 inputs carry `token_type_ids` (as transformers' GPT-2
 tester), Llama's a right-padding `attention_mask`.
 
-Classes: architecture (Llama, GPT-2) x head design (linear, resblock, query_extension, query_extension with
-head_input="sequential"), each twice:
+Classes: architecture (Llama, GPT-2) x head design (linear, resblock, query_extension, and query_extension with
+head_input="sequential", head_input="feature_and_token" or head_share_kv=False), each twice:
 
 - `...Test`: the common inputs as transformers' testers make them. Without `labels` our forward is the base model's,
   so the heads run only in the loss / training tests.
@@ -193,6 +193,8 @@ HEAD_DESIGNS = {
     "ResBlock": _heads("resblock"),
     "QueryExtension": _heads("query_extension"),
     "QueryExtensionSequential": _heads("query_extension", head_input="sequential"),
+    "QueryExtensionToken": _heads("query_extension", head_input="feature_and_token"),
+    "QueryExtensionOwnKV": _heads("query_extension", head_share_kv=False),
 }
 HEAD_PATH_INPUTS = {"output_head_logits": True}
 
@@ -204,21 +206,21 @@ STRICT_LOADING = (
     "initialises them (mtp_heads are then reset by reset_heads, not _init_weights)"
 )
 SEQUENTIAL_NEEDS_INPUT_IDS = (
-    "deliberate: head_input='sequential' reads the embeddings of the next tokens, so the head path needs input_ids "
-    "and raises ValueError for inputs_embeds"
+    "deliberate: head_input='sequential' / 'feature_and_token' reads the embeddings of the next tokens, so the head "
+    "path needs input_ids and raises ValueError for inputs_embeds"
 )
 
 
 def expectations(cls):
     """{test name or name prefix ending in '*': (kind, reason, exception type)} for one of our test classes."""
     head_path = bool(cls.extra_inputs.get("output_head_logits"))
-    sequential = cls.config_extra.get("head_input") == "sequential"
+    reads_tokens = cls.config_extra.get("head_input") in ("sequential", "feature_and_token")
     out = {
         "test_can_init_all_missing_weights": ("skip", STRICT_LOADING, None),
         "test_correct_missing_keys": ("skip", STRICT_LOADING, None),
         "test_model_weights_reload_no_missing_tied_weights": ("skip", STRICT_LOADING, None),
     }
-    if head_path and sequential:
+    if head_path and reads_tokens:
         out["test_inputs_embeds"] = ("skip", SEQUENTIAL_NEEDS_INPUT_IDS, None)
     return out
 
