@@ -120,3 +120,18 @@ def test_gradient_checkpointing_with_labels(arch, head_type, extra):
     out.loss.backward()
     torch.testing.assert_close(out.head_losses, reference, rtol=1e-5, atol=1e-6)
     assert all(p.grad is not None for p in model.mtp_heads.parameters() if p.requires_grad)
+
+
+def test_own_kv_heads_refuse_a_cache_in_forward():
+    """Heads with their own keys and values keep no cache in forward(): continuing cached positions is an error
+    naming the way out, never a crash or head logits that silently ignore the past."""
+    model = tiny_mtp("llama", "query_extension", head_share_kv=False)
+    tokens = ids()
+    mask = torch.ones_like(tokens)
+    mask[0, :2] = 0
+    first = model(tokens[:, :6], attention_mask=mask[:, :6], use_cache=True)
+    with pytest.raises(ValueError, match="head_share_kv=False.*without a cache"):
+        model(tokens[:, 6:], cache=first.cache, attention_mask=mask, output_head_logits=True)
+    # the base path continues as the base model does
+    continued = model(tokens[:, 6:], cache=first.cache, attention_mask=mask).logits
+    torch.testing.assert_close(continued, model(tokens, attention_mask=mask).logits[:, 6:], rtol=1e-5, atol=1e-5)

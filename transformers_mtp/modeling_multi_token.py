@@ -316,6 +316,12 @@ class MultiTokenPredictionMixin:
             )
         past = int(cache.get_seq_length()) if cache is not None else 0
         share_kv = self.uses_layer_input and self.config.head_share_kv
+        if past and self.uses_layer_input and not share_kv:
+            raise ValueError(
+                f"query_extension heads with their own keys and values (head_share_kv=False) keep no cache of their own "
+                f"in forward(), so they cannot continue the {past} cached positions; call forward(..., "
+                "output_head_logits=True) on the whole sequence without a cache (generate() keeps their cache itself)."
+            )
         normed, layer_input, trunk_out = self._trunk_forward(
             input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             use_cache=True if share_kv else use_cache, inputs_embeds=inputs_embeds, **trunk_kwargs,
