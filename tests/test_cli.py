@@ -67,3 +67,17 @@ def test_every_command_has_an_example_in_help():
     subparsers = next(a for a in parser._actions if a.choices and "demo" in a.choices).choices
     for name, sub in subparsers.items():
         assert "example" in sub.format_help(), name
+
+
+def test_train_refuses_several_processes_before_any_work(tmp_path, capsys, monkeypatch):
+    """Under torchrun the train command stops at once, before loading the model or generating any data."""
+    import transformers_mtp
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(transformers_mtp, "load_default_base", never)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--preset", "smollm2-135m", "--output-dir", str(tmp_path / "run")]) == 2
+    assert "runs in one process, but this is one of 2" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -349,7 +349,7 @@ def test_resume_with_another_recipe_is_refused(tmp_path, monkeypatch, change):
 def test_training_refuses_several_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     model = transformers_mtp.convert(tiny_base("llama"), num_heads=3)
-    with pytest.raises(RuntimeError, match="runs in one process, but this is one of 2"):
+    with pytest.raises(ValueError, match="runs in one process, but this is one of 2"):
         train_heads(model, greedy_sequences(model, count=4), HeadTrainingConfig(output_dir=str(tmp_path / "run")),
                     progress=False)
     assert not (tmp_path / "run").exists()  # refused before anything was written

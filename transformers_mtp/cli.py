@@ -82,8 +82,9 @@ def cmd_train(args):
 
     import transformers_mtp
     from transformers_mtp.presets import TRAIN_DATA_KEYS, load_preset
-    from transformers_mtp.training import HeadTrainingConfig, train_heads, training_sequences
+    from transformers_mtp.training import HeadTrainingConfig, check_single_process, train_heads, training_sequences
 
+    check_single_process()  # before hours of self-distillation, not after
     preset = load_preset(args.preset)
     settings = dict(preset.get("train") or {})
     for key in ("max_steps", "num_train_epochs", "learning_rate", "data"):

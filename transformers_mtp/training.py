@@ -361,12 +361,13 @@ def _restore_draft_tables(model, checkpoint):
         restore(load_file(str(path)))
 
 
-def _refuse_multiple_processes():
+def check_single_process():
+    """Raise unless this is the only training process (see the module docstring)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         world_size = max(world_size, torch.distributed.get_world_size())
     if world_size > 1:
-        raise RuntimeError(
+        raise ValueError(
             f"train_heads runs in one process, but this is one of {world_size} (torchrun / accelerate launch set "
             "WORLD_SIZE): the heads' loss comes from cached trunk features outside the model's forward, so a DDP "
             "wrapper would not synchronise their gradients, and every process would write checkpoints. Start it as "
@@ -385,7 +386,7 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     `accelerate launch`. With `config.resume`, the latest checkpoint's recipe must match this call's (the same model,
     sequences and settings) and its draft vocabulary and datastore are used as saved.
     """
-    _refuse_multiple_processes()
+    check_single_process()
     output_dir = _prepare_output_dir(config)
     if features is not None:
         if len(features) != len(sequences):
