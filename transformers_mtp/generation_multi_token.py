@@ -34,23 +34,18 @@ as a child drafted it, and the KV cache keeps the accepted path's entries only.
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
 
-import copy
-import heapq
 from dataclasses import dataclass, field
 
 import torch
-from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-MULTI_TOKEN_MODES = ("verified", "unverified")
-DATASTORE_NGRAM = 3  # the draft datastore is keyed by a row's last 3 tokens
-DATASTORE_EMPTY_KEY = 2**62  # an unused datastore entry: above any real key (vocab_size**3 < 2**62 up to 1.6M tokens)
+from .generation_cache import cache_layer_keys_values, crop_cache, is_static_cache
+from .generation_draft_sources import context_continuation, datastore_continuation
+from .generation_draft_tree import DRAFT_TREE_BRANCHING, DraftTree, grow_draft_tree
+from .generation_processors import processors_per_row
+
 _IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")
-MAX_DRAFT_TREE_SIZE = 64
-# candidates each head offers a draft tree (EAGLE-2 expands the top 10 of each node, Medusa's trees use up to the top
-# 10 of the first head and fewer of later ones); 4 was the only value measured (README, draft trees): not tuned
-DRAFT_TREE_BRANCHING = 4
 
 
 @dataclass
@@ -98,236 +93,6 @@ class MultiTokenGenerateOutput(GenerateDecoderOnlyOutput):
     multi_token_stats: MultiTokenStats | None = None
 
 
-def _generation_config_value(model, name, generation_config=None):
-    """A multi-token setting from the generation config passed to `generate()`, else the model's (None if unset)."""
-    config = generation_config if generation_config is not None else model.generation_config
-    return getattr(config, name, None)
-
-
-def resolve_num_predict_heads(model, num_predict_heads, generation_config=None):
-    """`num_predict_heads`, else the generation config's, else `config.num_heads`; checked against `num_heads`."""
-    limit = model.config.num_heads
-    if num_predict_heads is None:
-        num_predict_heads = _generation_config_value(model, "num_predict_heads", generation_config) or limit
-    if isinstance(num_predict_heads, bool) or not isinstance(num_predict_heads, int) or num_predict_heads < 1:
-        raise ValueError(f"num_predict_heads={num_predict_heads!r} must be an integer from 1 to num_heads={limit}.")
-    if num_predict_heads > limit:
-        raise ValueError(
-            f"num_predict_heads={num_predict_heads} exceeds the model's num_heads={limit}; pass at most {limit}."
-        )
-    return num_predict_heads
-
-
-def resolve_draft_confidence_threshold(model, threshold, generation_config=None):
-    """`draft_confidence_threshold`, else the generation config's, else 0 (always draft num_predict_heads - 1)."""
-    if threshold is None:
-        threshold = _generation_config_value(model, "draft_confidence_threshold", generation_config) or 0.0
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold < 1.0:
-        raise ValueError(
-            f"draft_confidence_threshold={threshold!r} must be a probability in [0, 1): a head's draft is kept only "
-            "if its top probability reaches it; 0 keeps every draft."
-        )
-    return float(threshold)
-
-
-def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
-    """`draft_lookup_ngram`, else the generation config's, else 0 (drafts from the heads only)."""
-    if ngram is None:
-        ngram = _generation_config_value(model, "draft_lookup_ngram", generation_config) or 0
-    if isinstance(ngram, bool) or not isinstance(ngram, int) or not 0 <= ngram <= 8:
-        raise ValueError(
-            f"draft_lookup_ngram={ngram!r} must be an integer from 0 to 8: the longest n-gram of the row's last tokens "
-            "looked up in its earlier tokens (0 turns context drafting off)."
-        )
-    return ngram
-
-
-def resolve_draft_datastore(model, use, generation_config=None):
-    """The draft datastore to draft from, or None: `draft_datastore` (True / False), else the generation config's,
-    else True whenever the model has one."""
-    explicit = use is not None
-    if use is None:
-        use = _generation_config_value(model, "draft_datastore", generation_config)
-        use = True if use is None else use
-    if not isinstance(use, bool):
-        raise ValueError(f"draft_datastore={use!r} must be True or False.")
-    datastore = model.draft_datastore() if use else None
-    if explicit and use and datastore is None:
-        raise ValueError(
-            "draft_datastore=True, but this model has no draft datastore (config.draft_datastore_size is None); "
-            "train its heads with draft_datastore_size set, or leave draft_datastore unset."
-        )
-    return datastore
-
-
-def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, generation_config=None):
-    """`draft_lookup_num_tokens`, else the generation config's, else num_predict_heads - 1 (as many as the heads)."""
-    if num_tokens is None:
-        num_tokens = _generation_config_value(model, "draft_lookup_num_tokens", generation_config) \
-            or num_predict_heads - 1
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= 32:
-        raise ValueError(
-            f"draft_lookup_num_tokens={num_tokens!r} must be an integer from 0 to 32: the most drafts a step copies "
-            "from the context when its last n-gram occurred earlier."
-        )
-    return num_tokens
-
-
-def resolve_draft_tree_size(model, size, generation_config=None):
-    """`draft_tree_size`, else the generation config's, else 0 (one chain of drafts per step)."""
-    if size is None:
-        size = _generation_config_value(model, "draft_tree_size", generation_config) or 0
-    return check_draft_tree_size(size)
-
-
-def check_draft_tree_size(size):
-    """`size` if it is a valid draft tree size, else a ValueError naming it (shared by generate() and convert())."""
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_DRAFT_TREE_SIZE:
-        raise ValueError(
-            f"draft_tree_size={size!r} must be an integer from 0 to {MAX_DRAFT_TREE_SIZE}: the tokens drafted per "
-            "verify pass as a tree of candidates (0 drafts one chain)."
-        )
-    return size
-
-
-@dataclass
-class DraftTree:
-    """
-    The tokens one verify pass checks, as a tree rooted at the row's last token (node 0, not a draft). Nodes are
-    numbered in the order they were added, so a parent always comes before its children; node i is block position i.
-    """
-
-    tokens: list[int]
-    parents: list[int]  # -1 for the root
-    depths: list[int]  # the root is at depth 0
-    children: list[dict[int, int]]  # per node: token -> child node
-
-    @classmethod
-    def rooted_at(cls, token):
-        return cls(tokens=[token], parents=[-1], depths=[0], children=[{}])
-
-    @property
-    def num_drafts(self):
-        return len(self.tokens) - 1
-
-    def add(self, parent, token):
-        """The child of `parent` that drafts `token`, added if new. Returns its node index."""
-        node = self.children[parent].get(token)
-        if node is None:
-            node = len(self.tokens)
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.depths.append(self.depths[parent] + 1)
-            self.children.append({})
-            self.children[parent][token] = node
-        return node
-
-    def attention_mask(self, past_mask, dtype):
-        """
-        The verify pass's 4D additive mask: each node attends to the unmasked past and to its own ancestors (itself
-        included), never to another branch. past_mask: [1, L] (1 = attend). Returns [1, 1, N, L + N].
-        """
-        n = len(self.tokens)
-        visible = torch.zeros((n, n), dtype=torch.bool)
-        for node, parent in enumerate(self.parents):
-            if parent >= 0:
-                visible[node] = visible[parent]
-            visible[node, node] = True
-        allowed = torch.cat([past_mask[0].bool().cpu().expand(n, -1), visible], dim=1)
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(past_mask.device)
-
-
-def grow_draft_tree(tree, top_tokens, top_probs, *, size, threshold=0.0):
-    """
-    Add the heads' most probable continuations to `tree` until it holds `size` drafts (EAGLE-2's dynamic draft tree).
-
-    top_tokens / top_probs: [D][m] each head's m best tokens and their probabilities, D heads deep (lists). Heads that
-    draft independently give a path d_1 .. d_j the score p_1(d_1) * ... * p_j(d_j), an estimate of the chance that
-    verification keeps all of it; paths are taken best first, so a parent always precedes its children. A path
-    already in the tree (from the context) costs nothing and is grown from. With `threshold`, a head's candidate below
-    that probability is not drafted.
-    """
-    heap = [(-prob, 0, rank, 0) for rank, prob in enumerate(top_probs[0])] if top_probs else []
-    heapq.heapify(heap)
-    while heap and tree.num_drafts < size:
-        score, slot, rank, parent = heapq.heappop(heap)  # score: minus the path's probability
-        if top_probs[slot][rank] < threshold:
-            continue
-        node = tree.add(parent, top_tokens[slot][rank])
-        if slot + 1 < len(top_probs):
-            for child_rank, prob in enumerate(top_probs[slot + 1]):
-                heapq.heappush(heap, (score * prob, slot + 1, child_rank, node))
-    return tree
-
-
-def context_continuation(tokens, count, max_ngram):
-    """
-    Prompt-lookup drafting: the `count` tokens that followed the most recent earlier occurrence of the row's last n
-    tokens with `count` tokens after it (else the earliest occurrence), trying n = max_ngram down to 2 (a single
-    matching token says little). tokens: [L]. Returns [<= count].
-
-    Written here rather than reusing transformers' `PromptLookupCandidateGenerator`, which belongs to the assisted-
-    decoding loop (batch size 1, one call per step with its own stopping logic) and takes the first match in the
-    context; the latest match is the one that tends to repeat in code and lists.
-    """
-    for n in range(min(max_ngram, tokens.shape[0] - 1), min(2, max_ngram) - 1, -1):
-        windows = tokens[:-1].unfold(0, n, 1)  # every n-gram that ends before the last token
-        starts = (windows == tokens[-n:]).all(1).nonzero()[:, 0] + n
-        if starts.shape[0]:
-            # the latest match that has `count` tokens after it; else the earliest, which has the most
-            full = starts[tokens.shape[0] - starts >= count]
-            start = int(full[-1]) if full.shape[0] else int(starts[0])
-            return tokens[start : start + count]
-    return tokens[:0]
-
-
-def datastore_key(ngrams, vocab_size):
-    """One int64 key per 3-token context: `ngrams` [..., 3] -> [...] (a base-`vocab_size` number)."""
-    ngrams = ngrams.long()
-    return (ngrams[..., 0] * vocab_size + ngrams[..., 1]) * vocab_size + ngrams[..., 2]
-
-
-def datastore_continuation(tokens, count, datastore, vocab_size):
-    """
-    Retrieval drafting (as REST, He et al. 2024): the first `count` of the tokens that most often followed the row's
-    last 3 tokens in the model's own training answers. tokens: [L]; datastore: (sorted keys [M], tokens [M, n]).
-    Returns [<= count] (empty when the context is not in the datastore).
-    """
-    keys, table = datastore
-    if count <= 0 or tokens.shape[0] < DATASTORE_NGRAM:
-        return tokens[:0]
-    key = datastore_key(tokens[-DATASTORE_NGRAM:], vocab_size).to(keys.device)
-    index = int(torch.searchsorted(keys, key[None]))
-    if index >= keys.shape[0] or int(keys[index]) != int(key):
-        return tokens[:0]
-    return table[index, :count].to(tokens.device, tokens.dtype)
-
-
-def cache_layer_keys_values(cache, index):
-    """(keys, values) [B, kvH, length, D] that layer `index` of `cache` holds. A static cache's tensors span its whole
-    capacity; only the first `get_seq_length()` positions are filled."""
-    layer = cache.layers[index]
-    length = int(layer.get_seq_length())
-    return layer.keys[:, :, :length], layer.values[:, :, :length]
-
-
-def crop_cache(cache, length):
-    """Crop `cache` to its first `length` positions. Written here because `crop`'s meaning moved across transformers
-    releases (a positive argument was the length to keep; `crop(0)` emptied the cache before 5.x), and a model loaded
-    with `trust_remote_code` runs on whatever release the user has: only a negative count, "remove this many", means
-    the same in all of them."""
-    remove = int(cache.get_seq_length()) - length
-    if remove < 0:
-        raise ValueError(f"cannot crop a cache of {length - remove} positions to {length}")
-    if remove:
-        cache.crop(-remove)
-
-
-def _is_static(cache):
-    return bool(getattr(cache, "is_compileable", False))
-
-
 def _draft_tree_unsupported(model, generation_config, batch_size, verify, cache=None):
     """Why this decoding cannot draft trees, or None when it can."""
     if not verify or generation_config.do_sample or batch_size != 1:
@@ -338,7 +103,7 @@ def _draft_tree_unsupported(model, generation_config, batch_size, verify, cache=
         return "heads that draft independently (these heads are chained: head_input='sequential')"
     if model.uses_layer_input and not model.config.head_share_kv:
         return "heads that share the base model's keys and values (these have their own: head_share_kv=False)"
-    if _is_static(cache):
+    if is_static_cache(cache):
         # a tree's nodes are cached past the accepted path before it is known; a static cache has no room for them
         return f"a dynamic cache (got {type(cache).__name__}, e.g. from cache_implementation='static')"
     return None
@@ -348,7 +113,7 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, *, verif
                      cache=None):
     """Combinations that would silently change the output raise instead."""
     batch_size = input_ids.shape[0]
-    if _is_static(cache) and batch_size > 1:
+    if is_static_cache(cache) and batch_size > 1:
         # rows accept different numbers of drafts, so the cache grows faster than any row; a static cache sized for
         # max_length would overflow
         raise ValueError(
@@ -400,66 +165,6 @@ def _check_supported(model, input_ids, generation_config, model_kwargs, *, verif
         )
 
 
-def _rows_of_tensor(attribute):
-    """Per-row state held as a tensor with one entry (row) per row of the batch."""
-    def cut(processor, row, batch_size):
-        value = getattr(processor, attribute, None)
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size:
-            return {attribute: value[row : row + 1]}
-        return {}
-    return cut
-
-
-def _rows_of_encoder_ngrams(processor, row, batch_size):
-    return {"batch_size": 1, "generated_ngrams": [processor.generated_ngrams[row]]}
-
-
-# State that transformers' processors keep per row of the batch, and how to cut one row of it. Every other tensor a
-# processor holds (token ids, biases) is shared by all rows, however long it is.
-_PER_ROW_PROCESSOR_STATE = {
-    "RepetitionPenaltyLogitsProcessor": _rows_of_tensor("prompt_ignore_length"),  # each prompt's padding
-    "EncoderRepetitionPenaltyLogitsProcessor": _rows_of_tensor("encoder_input_ids"),  # each row's prompt
-    "EncoderNoRepeatNGramLogitsProcessor": _rows_of_encoder_ngrams,  # each row's prompt n-grams
-}
-# Processors that keep state across calls (a watermark's context, a guidance model's own cache), which checking
-# several drafts per pass, or a draft that is rejected, would advance wrongly
-_STATEFUL_PROCESSORS = {
-    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config (SynthID)",
-    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
-}
-
-
-def _processors_per_row(logits_processor, batch_size):
-    """
-    One `LogitsProcessorList` per row. Rows of a batch advance by different numbers of tokens, so each row's
-    processors are called on that row alone, with that row's share of the state transformers keeps per row.
-    """
-    for processor in logits_processor:
-        option = _STATEFUL_PROCESSORS.get(type(processor).__name__)
-        if option is not None:
-            raise ValueError(f"{option} builds {type(processor).__name__}, which keeps state from one call to the "
-                             "next; verifying several drafts per pass would advance it wrongly. Drop multi_token_mode "
-                             f"to use it, or drop {option}.")
-    if batch_size == 1:
-        return [logits_processor]
-    rows = []
-    for row in range(batch_size):
-        processors = LogitsProcessorList()
-        for processor in logits_processor:
-            name = type(processor).__name__
-            if name == "PrefixConstrainedLogitsProcessor":
-                raise ValueError("prefix_allowed_tokens_fn is called with the batch index, which batched "
-                                 "multi_token_mode does not keep; pass one prompt at a time.")
-            cut = _PER_ROW_PROCESSOR_STATE.get(name)
-            per_row = cut(processor, row, batch_size) if cut is not None else {}
-            if per_row:
-                processor = copy.copy(processor)
-                vars(processor).update(per_row)
-            processors.append(processor)
-        rows.append(processors)
-    return rows
-
-
 def _at_positions(x, index):
     """[B, T, ...] -> [B, 1, ...] at position index[i] of each row (None stays None)."""
     if x is None:
@@ -483,7 +188,7 @@ class _Decoder:
         self.stop_length = [None] * len(self.rows)  # per row: its length when a stopping criterion first fired
         self.end_length = None  # without an EOS criterion: the length every row ends at, once known
         self.max_length = max_length if max_length is not None else float("inf")
-        self.logits_processor = _processors_per_row(logits_processor, len(self.rows))  # [row]
+        self.logits_processor = processors_per_row(logits_processor, len(self.rows))  # [row]
         self.stopping_criteria = stopping_criteria
         self.streamer = streamer
         self.k = num_predict_heads

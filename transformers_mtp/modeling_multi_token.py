@@ -20,11 +20,11 @@ from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
-from .generation_multi_token import (
-    DATASTORE_EMPTY_KEY,
+from .generation_cache import cache_layer_keys_values
+from .generation_draft_sources import DATASTORE_EMPTY_KEY
+from .generation_multi_token import multi_token_decoding
+from .generation_options import (
     MULTI_TOKEN_MODES,
-    cache_layer_keys_values,
-    multi_token_decoding,
     resolve_draft_confidence_threshold,
     resolve_draft_datastore,
     resolve_draft_lookup_ngram,

@@ -33,7 +33,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from .draft_datastore import build_draft_datastore
-from .generation_multi_token import DATASTORE_EMPTY_KEY
+from .generation_draft_sources import DATASTORE_EMPTY_KEY
 from .modeling_multi_token import aggregate_head_losses, head_cross_entropy
 from .saving import save_atomically
 from .training_data import cache_trunk_features, check_sequences, collate_features

@@ -1,0 +1,101 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""The multi-token settings of `generate()`: each read from the call, else the generation config, and checked.
+
+Copied next to the weights by `save_pretrained` (through generation_multi_token.py): imports only torch, transformers
+and `from .module import Name`.
+"""
+
+MULTI_TOKEN_MODES = ("verified", "unverified")
+MAX_DRAFT_TREE_SIZE = 64
+
+
+def _generation_config_value(model, name, generation_config=None):
+    """A multi-token setting from the generation config passed to `generate()`, else the model's (None if unset)."""
+    config = generation_config if generation_config is not None else model.generation_config
+    return getattr(config, name, None)
+
+
+def resolve_num_predict_heads(model, num_predict_heads, generation_config=None):
+    """`num_predict_heads`, else the generation config's, else `config.num_heads`; checked against `num_heads`."""
+    limit = model.config.num_heads
+    if num_predict_heads is None:
+        num_predict_heads = _generation_config_value(model, "num_predict_heads", generation_config) or limit
+    if isinstance(num_predict_heads, bool) or not isinstance(num_predict_heads, int) or num_predict_heads < 1:
+        raise ValueError(f"num_predict_heads={num_predict_heads!r} must be an integer from 1 to num_heads={limit}.")
+    if num_predict_heads > limit:
+        raise ValueError(
+            f"num_predict_heads={num_predict_heads} exceeds the model's num_heads={limit}; pass at most {limit}."
+        )
+    return num_predict_heads
+
+
+def resolve_draft_confidence_threshold(model, threshold, generation_config=None):
+    """`draft_confidence_threshold`, else the generation config's, else 0 (always draft num_predict_heads - 1)."""
+    if threshold is None:
+        threshold = _generation_config_value(model, "draft_confidence_threshold", generation_config) or 0.0
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold < 1.0:
+        raise ValueError(
+            f"draft_confidence_threshold={threshold!r} must be a probability in [0, 1): a head's draft is kept only "
+            "if its top probability reaches it; 0 keeps every draft."
+        )
+    return float(threshold)
+
+
+def resolve_draft_lookup_ngram(model, ngram, generation_config=None):
+    """`draft_lookup_ngram`, else the generation config's, else 0 (drafts from the heads only)."""
+    if ngram is None:
+        ngram = _generation_config_value(model, "draft_lookup_ngram", generation_config) or 0
+    if isinstance(ngram, bool) or not isinstance(ngram, int) or not 0 <= ngram <= 8:
+        raise ValueError(
+            f"draft_lookup_ngram={ngram!r} must be an integer from 0 to 8: the longest n-gram of the row's last tokens "
+            "looked up in its earlier tokens (0 turns context drafting off)."
+        )
+    return ngram
+
+
+def resolve_draft_datastore(model, use, generation_config=None):
+    """The draft datastore to draft from, or None: `draft_datastore` (True / False), else the generation config's,
+    else True whenever the model has one."""
+    explicit = use is not None
+    if use is None:
+        use = _generation_config_value(model, "draft_datastore", generation_config)
+        use = True if use is None else use
+    if not isinstance(use, bool):
+        raise ValueError(f"draft_datastore={use!r} must be True or False.")
+    datastore = model.draft_datastore() if use else None
+    if explicit and use and datastore is None:
+        raise ValueError(
+            "draft_datastore=True, but this model has no draft datastore (config.draft_datastore_size is None); "
+            "train its heads with draft_datastore_size set, or leave draft_datastore unset."
+        )
+    return datastore
+
+
+def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, generation_config=None):
+    """`draft_lookup_num_tokens`, else the generation config's, else num_predict_heads - 1 (as many as the heads)."""
+    if num_tokens is None:
+        num_tokens = _generation_config_value(model, "draft_lookup_num_tokens", generation_config) \
+            or num_predict_heads - 1
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= 32:
+        raise ValueError(
+            f"draft_lookup_num_tokens={num_tokens!r} must be an integer from 0 to 32: the most drafts a step copies "
+            "from the context when its last n-gram occurred earlier."
+        )
+    return num_tokens
+
+
+def resolve_draft_tree_size(model, size, generation_config=None):
+    """`draft_tree_size`, else the generation config's, else 0 (one chain of drafts per step)."""
+    if size is None:
+        size = _generation_config_value(model, "draft_tree_size", generation_config) or 0
+    return check_draft_tree_size(size)
+
+
+def check_draft_tree_size(size):
+    """`size` if it is a valid draft tree size, else a ValueError naming it (shared by generate() and convert())."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_DRAFT_TREE_SIZE:
+        raise ValueError(
+            f"draft_tree_size={size!r} must be an integer from 0 to {MAX_DRAFT_TREE_SIZE}: the tokens drafted per "
+            "verify pass as a tree of candidates (0 drafts one chain)."
+        )
+    return size
