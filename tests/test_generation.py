@@ -505,3 +505,23 @@ def test_returned_cache_is_the_text_but_its_last_token(arch, mode):
                                    atol=1e-5)
         torch.testing.assert_close(ours.values.transpose(1, 2)[real], theirs.values.transpose(1, 2)[real],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_multi_token_options_are_resolved_once_from_call_then_generation_config():
+    from transformers import GenerationConfig
+
+    from transformers_mtp.generation_options import MultiTokenOptions
+
+    model = tiny_mtp("llama", num_heads=4)
+    model.generation_config.num_predict_heads = 3
+    options = MultiTokenOptions.resolve(model, True)
+    assert (options.num_predict_heads, options.verify, options.draft_lookup_num_tokens) == (3, True, 2)
+    assert options.draft_tree_from_config
+    options = MultiTokenOptions.resolve(model, "unverified", GenerationConfig(num_predict_heads=2), draft_tree_size=0)
+    assert (options.num_predict_heads, options.verify, options.draft_tree_from_config) == (2, False, False)
+    with pytest.raises(ValueError, match=r"Unknown multi-token options \['num_predict_head'\]"):
+        MultiTokenOptions.resolve(model, True, num_predict_head=2)
+    with pytest.raises(ValueError, match="multi_token_mode='fast' is not supported"):
+        MultiTokenOptions.resolve(model, "fast")
+    with pytest.raises(ValueError, match="draft_tree_size=4 only applies with multi_token_mode=True"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, draft_tree_size=4)

@@ -43,6 +43,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .generation_cache import cache_layer_keys_values, crop_cache, is_static_cache
 from .generation_draft_sources import context_continuation, datastore_continuation
 from .generation_draft_tree import DRAFT_TREE_BRANCHING, DraftTree, grow_draft_tree
+from .generation_options import MULTI_TOKEN_OPTIONS, MultiTokenOptions
 from .generation_processors import processors_per_row
 
 _IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")
@@ -615,26 +616,24 @@ def multi_token_decoding(
     streamer=None,
     *,
     multi_token_streamer=None,
-    num_predict_heads,
-    verify=True,
-    draft_confidence_threshold=0.0,
-    draft_lookup_ngram=0,
-    draft_lookup_num_tokens=0,
-    draft_datastore=None,
-    draft_tree_size=0,
-    draft_tree_from_config=False,
+    options=None,
     **model_kwargs,
 ):
-    """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)`.
-    `draft_tree_from_config`: the tree size is the generation config's default, not asked for in this call; decoding
-    that cannot draft trees (sampling, batches) then drafts chains instead of raising."""
+    """Multi-token decoding; see the module docstring. Called by `generate(custom_generate=...)` with the call's
+    resolved `options` ([`MultiTokenOptions`]); a direct caller may pass the options by name instead (the model's
+    defaults where not given)."""
+    if options is None:
+        given = {name: model_kwargs.pop(name) for name in MULTI_TOKEN_OPTIONS if name in model_kwargs}
+        options = MultiTokenOptions.resolve(model, True, generation_config, **given)
+    verify, draft_tree_size = options.verify, options.draft_tree_size
     cache = model_kwargs.pop("cache", None)
     if cache is None:
         cache = DynamicCache(config=model.config)
     attention_mask, position_ids = model_kwargs.pop("attention_mask", None), model_kwargs.pop("position_ids", None)
     streamer = multi_token_streamer if multi_token_streamer is not None else streamer
     batch_size = input_ids.shape[0]
-    if draft_tree_from_config and _draft_tree_unsupported(model, generation_config, batch_size, verify, cache):
+    if options.draft_tree_from_config and _draft_tree_unsupported(model, generation_config, batch_size, verify,
+                                                                  cache):
         draft_tree_size = 0
     _check_supported(model, input_ids, generation_config, model_kwargs, verify=verify, streamer=streamer,
                      tree_size=draft_tree_size, cache=cache)
@@ -658,11 +657,12 @@ def multi_token_decoding(
     pad = generation_config._pad_token_tensor
     decoder = _Decoder(
         model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria, streamer=streamer,
-        num_predict_heads=num_predict_heads, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-        keep_scores=keep_scores, do_sample=generation_config.do_sample,
-        pad_token_id=int(pad) if pad is not None else None, draft_threshold=draft_confidence_threshold,
-        lookup_ngram=draft_lookup_ngram, lookup_num_tokens=draft_lookup_num_tokens, datastore=draft_datastore,
-        tree_size=draft_tree_size, prompt_cache_length=prompt_cache_length, max_length=generation_config.max_length,
+        num_predict_heads=options.num_predict_heads, attention_mask=attention_mask, position_ids=position_ids,
+        cache=cache, keep_scores=keep_scores, do_sample=generation_config.do_sample,
+        pad_token_id=int(pad) if pad is not None else None, draft_threshold=options.draft_confidence_threshold,
+        lookup_ngram=options.draft_lookup_ngram, lookup_num_tokens=options.draft_lookup_num_tokens,
+        datastore=options.draft_datastore, tree_size=draft_tree_size, prompt_cache_length=prompt_cache_length,
+        max_length=generation_config.max_length,
     )
     decoder.stats.verified = verify
     step = _tree_steps if draft_tree_size else _verified_steps if verify else _unverified_steps

@@ -5,6 +5,8 @@ Copied next to the weights by `save_pretrained` (through generation_multi_token.
 and `from .module import Name`.
 """
 
+from dataclasses import dataclass
+
 MULTI_TOKEN_MODES = ("verified", "unverified")
 MAX_DRAFT_TREE_SIZE = 64
 
@@ -99,3 +101,60 @@ def check_draft_tree_size(size):
             "verify pass as a tree of candidates (0 drafts one chain)."
         )
     return size
+
+
+# The multi-token options of `generate()`, in the order the docs list them
+MULTI_TOKEN_OPTIONS = ("num_predict_heads", "draft_confidence_threshold", "draft_lookup_ngram",
+                       "draft_lookup_num_tokens", "draft_datastore", "draft_tree_size")
+
+
+@dataclass(frozen=True)
+class MultiTokenOptions:
+    """
+    The multi-token settings of one `generate()` call, resolved and checked once (`resolve`): each from the call,
+    else the generation config, else its default. `draft_datastore` holds the datastore's tensors (or None);
+    `draft_tree_from_config`: the tree size is the generation config's, not asked for in the call, so decoding that
+    cannot draft trees (sampling, batches, a static cache) drafts chains instead of raising.
+    """
+
+    num_predict_heads: int
+    verify: bool = True
+    draft_confidence_threshold: float = 0.0
+    draft_lookup_ngram: int = 0
+    draft_lookup_num_tokens: int = 0
+    draft_datastore: tuple | None = None
+    draft_tree_size: int = 0
+    draft_tree_from_config: bool = False
+
+    @classmethod
+    def resolve(cls, model, multi_token_mode=True, generation_config=None, **given):
+        """The options of a call with `multi_token_mode` (True, "verified" or "unverified") and the options `given`
+        by name (None: not given). A bad name or value is a ValueError naming it."""
+        unknown = sorted(set(given) - set(MULTI_TOKEN_OPTIONS))
+        if unknown:
+            raise ValueError(f"Unknown multi-token options {unknown}; the options are {list(MULTI_TOKEN_OPTIONS)}.")
+        mode = "verified" if multi_token_mode is True else multi_token_mode
+        if mode not in MULTI_TOKEN_MODES:
+            raise ValueError(
+                f"multi_token_mode={multi_token_mode!r} is not supported; pass True, 'verified' or 'unverified'."
+            )
+        num_predict_heads = resolve_num_predict_heads(model, given.get("num_predict_heads"), generation_config)
+        return cls(
+            num_predict_heads=num_predict_heads,
+            verify=mode == "verified",
+            draft_confidence_threshold=resolve_draft_confidence_threshold(
+                model, given.get("draft_confidence_threshold"), generation_config),
+            draft_lookup_ngram=resolve_draft_lookup_ngram(model, given.get("draft_lookup_ngram"), generation_config),
+            draft_lookup_num_tokens=resolve_draft_lookup_num_tokens(
+                model, given.get("draft_lookup_num_tokens"), num_predict_heads, generation_config),
+            draft_datastore=resolve_draft_datastore(model, given.get("draft_datastore"), generation_config),
+            draft_tree_size=resolve_draft_tree_size(model, given.get("draft_tree_size"), generation_config),
+            draft_tree_from_config=given.get("draft_tree_size") is None,
+        )
+
+
+def check_no_options_without_mode(given):
+    """Multi-token options in a call without `multi_token_mode` are a mistake, not something to ignore."""
+    for name in MULTI_TOKEN_OPTIONS:
+        if given.get(name) is not None:
+            raise ValueError(f"{name}={given[name]} only applies with multi_token_mode=True; pass both or neither.")

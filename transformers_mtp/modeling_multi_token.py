@@ -23,15 +23,7 @@ from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConf
 from .generation_cache import cache_layer_keys_values
 from .generation_draft_sources import DATASTORE_EMPTY_KEY
 from .generation_multi_token import multi_token_decoding
-from .generation_options import (
-    MULTI_TOKEN_MODES,
-    resolve_draft_confidence_threshold,
-    resolve_draft_datastore,
-    resolve_draft_lookup_ngram,
-    resolve_draft_lookup_num_tokens,
-    resolve_draft_tree_size,
-    resolve_num_predict_heads,
-)
+from .generation_options import MULTI_TOKEN_OPTIONS, MultiTokenOptions, check_no_options_without_mode
 from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
 
 logger = logging.get_logger(__name__)
@@ -378,9 +370,7 @@ class MultiTokenPredictionMixin:
         return self.query_extension_head_class.base_layer_keys_values(last_layer, layer_input, position_embeddings)
 
     # --- generation ---------------------------------------------------------------------------------------------
-    def generate(self, *args, multi_token_mode=False, num_predict_heads=None, draft_confidence_threshold=None,
-                 draft_lookup_ngram=None, draft_lookup_num_tokens=None, draft_datastore=None, draft_tree_size=None,
-                 **kwargs):
+    def generate(self, *args, multi_token_mode=False, **kwargs):
         r"""
         `generate()` of the base model, plus multi-token decoding:
 
@@ -416,45 +406,17 @@ class MultiTokenPredictionMixin:
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
         forward pass, per-head acceptance).
         """
+        given = {name: kwargs.pop(name) for name in MULTI_TOKEN_OPTIONS if name in kwargs}
         if not multi_token_mode:
-            for name, value in (("num_predict_heads", num_predict_heads),
-                                ("draft_confidence_threshold", draft_confidence_threshold),
-                                ("draft_lookup_ngram", draft_lookup_ngram),
-                                ("draft_lookup_num_tokens", draft_lookup_num_tokens),
-                                ("draft_datastore", draft_datastore),
-                                ("draft_tree_size", draft_tree_size)):
-                if value is not None:
-                    raise ValueError(f"{name}={value} only applies with multi_token_mode=True; pass both or neither.")
+            check_no_options_without_mode(given)
             return super().generate(*args, **kwargs)
-        if multi_token_mode is True:
-            multi_token_mode = "verified"
-        if multi_token_mode not in MULTI_TOKEN_MODES:
-            raise ValueError(
-                f"multi_token_mode={multi_token_mode!r} is not supported; pass True, 'verified' or 'unverified'."
-            )
         if kwargs.get("custom_generate") is not None or kwargs.get("assistant_model") is not None:
             raise ValueError("multi_token_mode cannot be combined with custom_generate or assistant_model.")
-        num_predict_heads = resolve_num_predict_heads(self, num_predict_heads, kwargs.get("generation_config"))
-        draft_confidence_threshold = resolve_draft_confidence_threshold(
-            self, draft_confidence_threshold, kwargs.get("generation_config")
-        )
-        draft_lookup_ngram = resolve_draft_lookup_ngram(self, draft_lookup_ngram, kwargs.get("generation_config"))
-        draft_lookup_num_tokens = resolve_draft_lookup_num_tokens(
-            self, draft_lookup_num_tokens, num_predict_heads, kwargs.get("generation_config")
-        )
-        draft_datastore = resolve_draft_datastore(self, draft_datastore, kwargs.get("generation_config"))
-        draft_tree_from_config = draft_tree_size is None
-        draft_tree_size = resolve_draft_tree_size(self, draft_tree_size, kwargs.get("generation_config"))
+        options = MultiTokenOptions.resolve(self, multi_token_mode, kwargs.get("generation_config"), **given)
         # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
         # streamer is bound here and stop strings are turned into their stopping criterion here (the same
         # `StopStringCriteria` that `generate()` would build).
-        decoding = partial(
-            multi_token_decoding, multi_token_streamer=kwargs.get("streamer"),
-            num_predict_heads=num_predict_heads, verify=multi_token_mode == "verified",
-            draft_confidence_threshold=draft_confidence_threshold, draft_lookup_ngram=draft_lookup_ngram,
-            draft_lookup_num_tokens=draft_lookup_num_tokens, draft_datastore=draft_datastore,
-            draft_tree_size=draft_tree_size, draft_tree_from_config=draft_tree_from_config,
-        )
+        decoding = partial(multi_token_decoding, multi_token_streamer=kwargs.get("streamer"), options=options)
         _move_stop_strings_into_criteria(self, kwargs)
         return super().generate(*args, custom_generate=decoding, **kwargs)
 
