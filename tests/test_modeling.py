@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from conftest import ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, tiny_base, tiny_mtp
+from conftest import ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, randomize_heads, tiny_base, tiny_mtp
 from transformers import AutoModelForCausalLM, OPTConfig, OPTForCausalLM
 
 import transformers_mtp
@@ -188,3 +188,24 @@ def test_base_checkpoint_with_missing_base_weights_raises(tmp_path):
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="lacks or mis-shapes base weights.*corrupt"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_head_registry_entries_declare_what_training_needs(arch, head_type, extra):
+    """Every head type of the config has a registry entry whose LoRA targets and full-trained modules exist in the
+    heads it builds, and whose reset brings a perturbed head back to its initial state."""
+    from transformers_mtp.configuration_multi_token import HEAD_TYPES
+    from transformers_mtp.modeling_heads import HEAD_CLASSES
+
+    assert set(HEAD_CLASSES) == set(HEAD_TYPES)
+    model = tiny_mtp(arch, head_type, randomize=False, **extra)
+    head_class = model.head_class
+    names = {name.split(".", 1)[1] for name, _ in model.mtp_heads.named_modules() if "." in name}  # below "<i>."
+    assert set(head_class.lora_targets) <= names
+    assert set(head_class.modules_to_save(model.config) or []) <= names
+    initial = {k: v.clone() for k, v in model.mtp_heads.state_dict().items()}
+    randomize_heads(model, seed=3)
+    model.reset_heads()
+    for key, value in model.mtp_heads.state_dict().items():
+        assert torch.equal(value, initial[key]), key

@@ -14,8 +14,36 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 
-class LinearHead(nn.Module):
+class HeadMixin:
+    """What every head type declares for the model and for training (the head registry's entries):
+
+    - `reads_layer_input`: reads the last decoder layer's input (and the base cache), not the normed final state;
+    - `lora_targets`: the submodules PEFT LoRA adapts (full-match regex parts, below `mtp_heads.<i>.`), `lora_bias`;
+    - `modules_to_save(config)`: small submodules trained in full, or None;
+    - `build(config, architecture_class)` and `reset_from_base(last_layer)`: make a head, and re-initialise it.
+    """
+
+    reads_layer_input = False
+    lora_targets: tuple = ()
+    lora_bias = "none"
+
+    @staticmethod
+    def modules_to_save(config):
+        return None
+
+    @classmethod
+    def build(cls, config, architecture_class=None):
+        return cls(config.hidden_size)
+
+    def reset_from_base(self, last_layer):
+        self.reset_parameters()
+
+
+class LinearHead(HeadMixin, nn.Module):
     """P_i of seed 000: logits_i = W_o P_i h. Identity-initialised, so an untrained head repeats head 0."""
+
+    lora_targets = ("proj",)  # P_i = I + B A
+    lora_bias = "lora_only"
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -30,8 +58,11 @@ class LinearHead(nn.Module):
         return self.proj(hidden)
 
 
-class ResBlockHead(nn.Module):
+class ResBlockHead(HeadMixin, nn.Module):
     """Medusa-1's head without its own lm_head: h + SiLU(W h + b), W and b zero-initialised (identity at start)."""
+
+    lora_targets = ("linear",)  # W = B A of rank r (W starts at zero as in Medusa) and its bias
+    lora_bias = "lora_only"
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -48,7 +79,7 @@ class ResBlockHead(nn.Module):
         return hidden + self.act(self.linear(hidden))
 
 
-class QueryExtensionHead(nn.Module):
+class QueryExtensionHead(HeadMixin, nn.Module):
     """
     Seed 000's query extension: a copy of the base model's last decoder layer whose query projection `q_proj` is the
     per-head extension point (W_q + ΔW_q^(i), ΔW trained as PEFT LoRA). It reads the input of the base last layer
@@ -57,6 +88,21 @@ class QueryExtensionHead(nn.Module):
 
     Subclasses supply the architecture: norms, MLP, position encoding and how to copy the base layer's weights.
     """
+
+    reads_layer_input = True
+    lora_targets = ("q_proj",)  # the per-head query extension ΔW_q^(i) of seed 000
+
+    @staticmethod
+    def modules_to_save(config):
+        return ["token_fc"] if config.head_reads_next_token else None  # small: trained in full
+
+    @classmethod
+    def build(cls, config, architecture_class=None):
+        # the architecture's own subclass (LlamaQueryExtensionHead, GPT2QueryExtensionHead)
+        return (architecture_class or cls)(config)
+
+    def reset_from_base(self, last_layer):
+        self.copy_from_base_layer(last_layer)
 
     def __init__(self, *, hidden_size, num_attention_heads, num_key_value_heads, head_dim, bias, share_kv, use_token):
         super().__init__()
@@ -235,3 +281,7 @@ class GPT2QueryExtensionHead(QueryExtensionHead):
         self.post_attention_layernorm.load_state_dict(layer.ln_2.state_dict())
         self.mlp.load_state_dict(layer.mlp.state_dict())
         self._reset_token_fc()
+
+
+# head_type -> head class (the head registry); a new head type is one class above and one entry here
+HEAD_CLASSES = {"linear": LinearHead, "resblock": ResBlockHead, "query_extension": QueryExtensionHead}

@@ -24,7 +24,7 @@ from .generation_cache import cache_layer_keys_values
 from .generation_draft_sources import DATASTORE_EMPTY_KEY
 from .generation_multi_token import multi_token_decoding
 from .generation_options import MULTI_TOKEN_OPTIONS, MultiTokenOptions, check_no_options_without_mode
-from .modeling_heads import GPT2QueryExtensionHead, LinearHead, LlamaQueryExtensionHead, ResBlockHead
+from .modeling_heads import HEAD_CLASSES, GPT2QueryExtensionHead, LlamaQueryExtensionHead
 
 logger = logging.get_logger(__name__)
 
@@ -120,16 +120,16 @@ class MultiTokenPredictionMixin:
         """(trunk, last decoder layer, final norm, token embedding, rotary embedding or None)"""
         raise NotImplementedError
 
+    @property
+    def head_class(self):
+        """The class of heads 1..num_heads-1 (from the head registry, `HEAD_CLASSES`)."""
+        return HEAD_CLASSES[self.config.head_type]
+
     def _build_heads(self):
         config = self.config
-        if config.head_type == "linear":
-            make = partial(LinearHead, config.hidden_size)
-        elif config.head_type == "resblock":
-            make = partial(ResBlockHead, config.hidden_size)
-        else:
-            make = partial(self.query_extension_head_class, config)
         # One module per head, built in a loop: never `[Head()] * n`, which would share one module n times.
-        self.mtp_heads = nn.ModuleList([make() for _ in range(config.num_heads - 1)])
+        self.mtp_heads = nn.ModuleList([self.head_class.build(config, self.query_extension_head_class)
+                                        for _ in range(config.num_heads - 1)])
         if config.draft_vocab_size is not None:
             # saved with the heads (key mtp_heads.draft_token_ids); set from the base model's outputs at training
             self.mtp_heads.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
@@ -190,14 +190,11 @@ class MultiTokenPredictionMixin:
             self.mtp_heads.datastore_keys.fill_(DATASTORE_EMPTY_KEY)
             self.mtp_heads.datastore_tokens.zero_()
         for head in self.mtp_heads:
-            if isinstance(head, (LinearHead, ResBlockHead)):
-                head.reset_parameters()
-            else:
-                head.copy_from_base_layer(last_layer)
+            head.reset_from_base(last_layer)
 
     @property
     def uses_layer_input(self):
-        return self.config.head_type == "query_extension"
+        return self.head_class.reads_layer_input
 
     # --- forward ------------------------------------------------------------------------------------------------
     def _trunk_forward(self, input_ids=None, *, attention_mask=None, position_ids=None, cache=None, use_cache=None,

@@ -126,18 +126,14 @@ def load_trained_heads(model, adapter_dir):
 
 
 def lora_config_for(model, rank=None) -> LoraConfig:
-    """LoRA on the heads only. The regexes are full matches, so no base layer is touched (a plain ["q_proj"] would
-    adapt every base attention layer too)."""
-    config = model.config
-    rank = rank or config.head_rank
-    if config.head_type == "query_extension":
-        # the per-head query extension ΔW_q^(i) of seed 000; the token fusion layer is small and trains in full
-        modules_to_save = ["token_fc"] if config.head_reads_next_token else None
-        return LoraConfig(r=rank, lora_alpha=rank, target_modules=r".*mtp_heads\.\d+\.q_proj",
-                          modules_to_save=modules_to_save)
-    layer = "linear" if config.head_type == "resblock" else "proj"
-    # resblock: W = B A of rank r (W starts at zero as in Medusa) and its bias; linear: P_i = I + B A
-    return LoraConfig(r=rank, lora_alpha=rank, target_modules=rf".*mtp_heads\.\d+\.{layer}", bias="lora_only")
+    """LoRA on the heads only, on the submodules their class declares (`lora_targets`, `modules_to_save`). The regexes
+    are full matches, so no base layer is touched (a plain ["q_proj"] would adapt every base attention layer too)."""
+    head_class = model.head_class
+    rank = rank or model.config.head_rank
+    targets = "|".join(head_class.lora_targets)
+    targets = targets if len(head_class.lora_targets) == 1 else f"({targets})"
+    return LoraConfig(r=rank, lora_alpha=rank, target_modules=rf".*mtp_heads\.\d+\.{targets}",
+                      modules_to_save=head_class.modules_to_save(model.config), bias=head_class.lora_bias)
 
 
 def most_emitted_tokens(features, count):
