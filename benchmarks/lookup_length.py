@@ -11,7 +11,8 @@ import time
 import torch
 
 import transformers_mtp
-from transformers_mtp.cli import chat_input_ids, load_prompts
+from transformers_mtp.benchmark import load_prompts
+from transformers_mtp.training_data import chat_input_ids
 
 VARIANTS = {
     "greedy": {},

@@ -11,7 +11,7 @@ from transformers_mtp.benchmark import (
     run_benchmark,
     write_report,
 )
-from transformers_mtp.cli import load_prompts
+from transformers_mtp.benchmark import load_prompts
 
 
 def test_benchmark_measures_every_mode_against_greedy(tmp_path):

@@ -6,7 +6,7 @@ from test_generation import OracleDrafts, use_drafts
 from transformers import TextStreamer
 
 import transformers_mtp
-from transformers_mtp.cli import chat_input_ids as chat_ids
+from transformers_mtp.training_data import chat_input_ids as chat_ids
 
 pytestmark = pytest.mark.real_model
 

@@ -157,7 +157,7 @@ def test_lora_targets_only_the_heads():
 
 
 def test_training_prompts_are_varied_and_never_benchmark_prompts():
-    from transformers_mtp.cli import load_prompts
+    from transformers_mtp.benchmark import load_prompts
     from transformers_mtp.training_prompts import LANGUAGES, training_prompts
 
     prompts = training_prompts()

