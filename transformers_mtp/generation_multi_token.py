@@ -218,6 +218,7 @@ class _Decoder:
         if position_ids is None:  # as generate() computes them: cumsum of the mask (the padding gets 0)
             position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         self.prompt_positions = position_ids[:, -new:]  # [B, new]
+        self.uncached_prompt = input_ids[:, input_ids.shape[1] - new :]  # [B, new]: what the prompt pass reads
         self.last_position = self.prompt_positions[:, -1].clone()  # [B]
         # own keys/values of `share_kv=False` heads, for the cache positions from `head_past_start` on (the heads never
         # saw the positions of a cache that came with the call)
@@ -315,8 +316,7 @@ class _Decoder:
                         self.end_length = max(self.stop_length)
                         for other in range(self.batch_size):
                             self._end_at(other, self.end_length)
-            if self.stop_length[row] is not None and length >= min(self.end_length or self.max_length,
-                                                                   self.max_length):
+            if self.stop_length[row] is not None and length >= (self.end_length or self.max_length):
                 self.unfinished[row] = False  # a stopped row that goes on (no EOS criterion) ends here
                 return j + 1
         return tokens.shape[0]
@@ -352,7 +352,7 @@ class _Decoder:
         if bool((index == torch.arange(length, device=index.device)).all()):
             crop_cache(self.cache, length)
         else:
-            if getattr(self.cache, "is_compileable", False):
+            if is_static_cache(self.cache):
                 raise ValueError("a static cache cannot be compacted after batched decoding")
             for layer in self.cache.layers:
                 gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
@@ -390,20 +390,21 @@ class _Decoder:
     def head_inputs(self, normed, layer_input, next_tokens, positions, last):
         """
         What the heads read to draft from each row's last accepted position `last` [B]: (normed, layer_input,
-        next_tokens, positions, base_kv, head_past). Heads with their own keys and values read every block position
-        (the rejected ones are masked out and cropped with the cache) and their own past; the others read the last
-        accepted position only, and query-extension heads that share keys and values attend to the base last layer's
-        cache.
+        next_tokens, positions, base_kv, head_past, key_padding_mask). Heads with their own keys and values read every
+        block position (the rejected ones are masked out and cropped with the cache) and their own past, which starts
+        at `head_past_start`; the others read the last accepted position only, and query-extension heads that share
+        keys and values attend to the base last layer's cache.
         """
         model = self.model
         if model.uses_layer_input and not model.config.head_share_kv:
-            return normed, layer_input, next_tokens, positions, None, self.head_past
+            own_mask = self.attention_mask[:, self.head_past_start :]
+            return normed, layer_input, next_tokens, positions, None, self.head_past, own_mask
         normed, layer_input, next_tokens, positions = (
             _at_positions(x, last) for x in (normed, layer_input, next_tokens, positions))
         base_kv = None
         if model.uses_layer_input:
             base_kv = cache_layer_keys_values(self.cache, -1)
-        return normed, layer_input, next_tokens, positions, base_kv, None
+        return normed, layer_input, next_tokens, positions, base_kv, None, self.attention_mask
 
     def draft(self, normed, layer_input, next_tokens, positions, last, max_length):
         """
@@ -428,7 +429,7 @@ class _Decoder:
         if width == 0:
             return [next_tokens.new_empty(0) for _ in counts], None
         model = self.model
-        normed, layer_input, next_tokens, positions, base_kv, head_past = self.head_inputs(
+        normed, layer_input, next_tokens, positions, base_kv, head_past, key_mask = self.head_inputs(
             normed, layer_input, next_tokens, positions, last)
         drafts = [[] for _ in counts]  # per row: [1] tensors
         probs = [[] for _ in counts] if self.do_sample else None
@@ -464,10 +465,7 @@ class _Decoder:
         chained = model.config.head_input == "sequential"  # each head reads the draft before it, chosen on the way
         states, new_kv = model._head_states(
             normed=normed, layer_input=layer_input,
-            next_token_ids=next_tokens, position_ids=positions,
-            key_padding_mask=self.attention_mask if base_kv is not None or not model.uses_layer_input
-            else self.attention_mask[:, self.head_past_start :],
-            base_kv=base_kv, head_past=head_past, num_heads=width + 1, choose_token=choose_token if chained else None,
+            next_token_ids=next_tokens, position_ids=positions, key_padding_mask=key_mask, base_kv=base_kv, head_past=head_past, num_heads=width + 1, choose_token=choose_token if chained else None,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
@@ -508,11 +506,11 @@ class _Decoder:
             parent = tree.add(parent, token)
         if depth == 0 or tree.num_drafts >= self.tree_size:
             return tree
-        normed, layer_input, next_tokens, positions, base_kv, _ = self.head_inputs(
+        normed, layer_input, next_tokens, positions, base_kv, _, key_mask = self.head_inputs(
             normed, layer_input, next_tokens, positions, last)
         states, _ = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
-            key_padding_mask=self.attention_mask, base_kv=base_kv, num_heads=depth + 1,
+            key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1,
         )
         # states: [1, 1, depth, H] -> probs: [depth, V_draft]
         probs = torch.softmax((states[0, 0] @ self.draft_weight.T).float(), dim=-1)
@@ -666,7 +664,7 @@ def multi_token_decoding(
     )
     decoder.stats.verified = verify
     step = _tree_steps if draft_tree_size else _verified_steps if verify else _unverified_steps
-    step(decoder, input_ids[:, input_ids.shape[1] - (prompt_cache_length - past) :], generation_config.max_length)
+    step(decoder, decoder.uncached_prompt, generation_config.max_length)
     decoder.finalize_cache()
     if decoder.streamer is not None:
         decoder.streamer.end()

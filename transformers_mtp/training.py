@@ -221,8 +221,7 @@ class HeadsTrainer(Trainer):
             shutil.rmtree(target)
         os.rename(os.path.join(staging, name), target)
         shutil.rmtree(staging)
-        checkpoints = sorted((p for p in Path(real_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir()),
-                             key=lambda p: int(p.name.rsplit("-", 1)[1]))
+        checkpoints = _checkpoints(real_dir)
         for old in checkpoints[: -self.args.save_total_limit] if self.args.save_total_limit else []:
             shutil.rmtree(old)
 
@@ -335,9 +334,15 @@ def _check_recipe(saved, current, checkpoint):
         )
 
 
+def _checkpoints(output_dir):
+    """The checkpoint-N folders of `output_dir`, by step."""
+    return sorted((p for p in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir()),
+                  key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
 def _latest_checkpoint(output_dir):
-    checkpoints = [p for p in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir()]
-    return max(checkpoints, key=lambda p: int(p.name.rsplit("-", 1)[1])) if checkpoints else None
+    checkpoints = _checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
 
 
 def _restore_draft_tables(model, checkpoint):
