@@ -10,7 +10,8 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 import transformers_mtp
 from transformers_mtp.generation_draft_tree import DraftTree, grow_draft_tree
-from transformers_mtp.generation_multi_token import _Decoder
+from transformers_mtp.generation_proposers import Drafter
+from transformers_mtp.generation_state import DecodingState
 
 # head designs whose heads draft independently and share the base model's keys and values
 TREE_SETUPS = [(setup, name) for setup, name in zip(HEAD_SETUPS, HEAD_IDS)
@@ -88,10 +89,10 @@ class OracleTrees:
         self.reference, self.rng = reference[0].tolist(), random.Random(seed)
         self.depth, self.siblings, self.error_rate = depth, siblings, error_rate
 
-    def __call__(self, decoder, normed, layer_input, next_tokens, positions, last, max_length):
-        start = decoder.rows[0].shape[0]
-        tree, parent = DraftTree.rooted_at(int(decoder.rows[0][-1])), 0
-        for j in range(decoder.num_drafts(0, max_length, self.depth)):
+    def __call__(self, state, verified):
+        start = state.rows[0].shape[0]
+        tree, parent = DraftTree.rooted_at(int(state.rows[0][-1])), 0
+        for j in range(min(self.depth, state.room(0))):
             right = self.reference[start + j] if start + j < len(self.reference) else 3
             wrong = [(right + 1 + self.rng.randrange(VOCAB - 1)) % VOCAB for _ in range(self.siblings)]
             candidates = wrong + ([] if self.rng.random() < self.error_rate else [right])
@@ -100,7 +101,7 @@ class OracleTrees:
             if right not in nodes:
                 break
             parent = nodes[right]
-        return tree, None
+        return tree
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -109,9 +110,9 @@ def test_oracle_trees_keep_the_accepted_branch_in_the_cache(arch, monkeypatch):
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
     reference = greedy(model, prompt, max_new_tokens=40)
     drafter = OracleTrees(reference, seed=2)
-    monkeypatch.setattr(_Decoder, "draft", lambda decoder, *args: drafter(decoder, *args))
+    monkeypatch.setattr(Drafter, "propose", lambda self, state, verified: drafter(state, verified))
     reordered = []
-    original = _Decoder.keep_path
+    original = DecodingState.keep_path
 
     def checking_keep_path(decoder, start, path):
         original(decoder, start, path)
@@ -124,7 +125,7 @@ def test_oracle_trees_keep_the_accepted_branch_in_the_cache(arch, monkeypatch):
             assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
         reordered.append(path != list(range(len(path))))
 
-    monkeypatch.setattr(_Decoder, "keep_path", checking_keep_path)
+    monkeypatch.setattr(DecodingState, "keep_path", checking_keep_path)
     out = mtp(model, prompt, max_new_tokens=40, draft_tree_size=9)
     assert torch.equal(out.sequences, reference)
     assert any(reordered), "no branch but the first was accepted: the test checked no reordering"
@@ -184,8 +185,8 @@ def test_draft_tree_errors_are_clear(monkeypatch):
     # batches), a configured default drafts chains instead of raising
     model.generation_config.draft_tree_size = 4
     trees = []
-    forward_tree = _Decoder.forward_tree
-    monkeypatch.setattr(_Decoder, "forward_tree", lambda decoder, tree: trees.append(tree) or forward_tree(decoder, tree))
+    forward_tree = DecodingState.forward_tree
+    monkeypatch.setattr(DecodingState, "forward_tree", lambda decoder, tree: trees.append(tree) or forward_tree(decoder, tree))
     assert torch.equal(mtp(model, prompt, max_new_tokens=12).sequences, greedy(model, prompt, max_new_tokens=12))
     assert trees and all(tree.num_drafts <= 4 for tree in trees)
     trees.clear()

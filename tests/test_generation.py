@@ -8,8 +8,8 @@ from conftest import ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, randomize_heads, tiny_
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, StoppingCriteria
 
 import transformers_mtp
-from transformers_mtp import generation_multi_token
-from transformers_mtp.generation_multi_token import _Decoder
+from transformers_mtp.generation_proposers import Drafter, Drafts
+from transformers_mtp.generation_state import DecodingState
 
 
 def greedy(model, prompt, **kwargs):
@@ -27,22 +27,22 @@ class OracleDrafts:
     def __init__(self, reference, error_rate, seed=0):
         self.reference, self.error_rate, self.rng = reference.tolist(), error_rate, random.Random(seed)
 
-    def __call__(self, decoder, normed, layer_input, next_tokens, positions, last, max_length):
+    def __call__(self, drafter, state, verified):
         all_drafts = []
         for i, reference in enumerate(self.reference):
-            start = decoder.rows[i].shape[0]
+            start = state.rows[i].shape[0]
             drafts = []
-            for j in range(decoder.num_drafts(i, max_length)):
+            for j in range(min(drafter.heads.max_drafts, state.room(i))):
                 right = reference[start + j] if start + j < len(reference) else 3
                 wrong = (right + 1 + self.rng.randrange(VOCAB - 1)) % VOCAB
                 drafts.append(wrong if self.rng.random() < self.error_rate else right)
             all_drafts.append(torch.tensor(drafts, dtype=torch.long))
-        return all_drafts, None
+        return Drafts(all_drafts, None)
 
 
 def use_drafts(monkeypatch, drafter):
     """Replace the heads' drafting step of the decode loop with `drafter`."""
-    monkeypatch.setattr(_Decoder, "draft", lambda decoder, *args: drafter(decoder, *args))
+    monkeypatch.setattr(Drafter, "propose", lambda self, state, verified: drafter(self, state, verified))
 
 
 # --- property test ----------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_cache_after_rollback_equals_rebuilt_cache(arch, monkeypatch):
     reference = greedy(model, prompt, max_new_tokens=40)
     use_drafts(monkeypatch, OracleDrafts(reference, 0.3, seed=1))
     checked = []
-    original = _Decoder.roll_back
+    original = DecodingState.roll_back
 
     def checking_roll_back(decoder, keep):
         removed = decoder.cache.get_seq_length() - keep
@@ -134,7 +134,7 @@ def test_cache_after_rollback_equals_rebuilt_cache(arch, monkeypatch):
             assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
         checked.append(removed)
 
-    monkeypatch.setattr(_Decoder, "roll_back", checking_roll_back)
+    monkeypatch.setattr(DecodingState, "roll_back", checking_roll_back)
     out = mtp(model, prompt, max_new_tokens=40, num_predict_heads=5)
     assert torch.equal(out.sequences, reference)
     assert any(r > 0 for r in checked), "no partial acceptance happened: the test checked nothing"
@@ -351,7 +351,10 @@ def test_every_head_drafts_each_step(head_type, extra):
 # --- draft datastore ----------------------------------------------------------------------------------------------
 def test_build_draft_datastore_keeps_the_most_frequent_continuations():
     from transformers_mtp.draft_datastore import build_draft_datastore
-    from transformers_mtp.generation_draft_sources import datastore_continuation, datastore_key
+    from transformers_mtp.generation_draft_sources import (
+        datastore_continuation,
+        datastore_key,
+    )
 
     answers = [{"input_ids": [9, 5, 6, 7, 8, 9, 10], "prompt_length": 2},   # (5, 6, 7) -> (8, 9) twice ...
                {"input_ids": [5, 6, 7, 8, 9, 11], "prompt_length": 3},
@@ -470,9 +473,9 @@ def test_direct_callers_get_positions_from_the_mask():
     model = tiny_mtp("gpt2")
     prompt = torch.randint(3, VOCAB, (2, 6))
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
-    decoder = _Decoder(model, prompt, logits_processor=LogitsProcessorList(), stopping_criteria=[], streamer=None,
-                       num_predict_heads=3, attention_mask=mask, position_ids=None, cache=DynamicCache(),
-                       keep_scores=False, do_sample=False, pad_token_id=2, draft_threshold=0.0)
+    decoder = DecodingState(model, prompt, logits_processor=LogitsProcessorList(), stopping_criteria=[], streamer=None,
+                            attention_mask=mask, position_ids=None, cache=DynamicCache(), keep_scores=False,
+                            do_sample=False, pad_token_id=2)
     assert decoder.prompt_positions.tolist() == [[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]
     assert decoder.last_position.tolist() == [3, 5]
 

@@ -13,7 +13,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import transformers_mtp
-from transformers_mtp.generation_multi_token import _Decoder
+from transformers_mtp import generation_multi_token
+from transformers_mtp.generation_acceptance import accept_speculative
 
 VOCAB = 6
 PROMPT = torch.tensor([[0, 3, 5, 4]])
@@ -136,20 +137,18 @@ def test_biased_variant_fails_the_test(model_and_exact, monkeypatch):
     model, exact = model_and_exact
     original_multinomial = torch.multinomial
 
-    def biased_accept(decoder, row, logits, drafts, draft_probs):
-        if draft_probs is None or drafts.shape[0] == 0:
-            return _Decoder.accept.__wrapped__(decoder, row, logits, drafts, draft_probs)
-        scores = decoder.processed_scores(row, logits, drafts)
+    def biased_accept(scores, drafts, draft_probs):
+        if drafts.shape[0] == 0:
+            return accept_speculative(scores, drafts, draft_probs)
         probs = torch.softmax(scores.float(), dim=-1)
         for j in range(drafts.shape[0]):
             token = drafts[j]
             if torch.rand(()) * draft_probs[j, token] < probs[j, token]:
                 continue
-            return torch.cat([drafts[:j], original_multinomial(probs[j], 1)]), scores[: j + 1], j
-        return torch.cat([drafts, original_multinomial(probs[-1], 1)]), scores, drafts.shape[0]
+            return torch.cat([drafts[:j], original_multinomial(probs[j], 1)]), j
+        return torch.cat([drafts, original_multinomial(probs[-1], 1)]), drafts.shape[0]
 
-    biased_accept.__wrapped__ = _Decoder.accept
-    monkeypatch.setattr(_Decoder, "accept", biased_accept)
+    monkeypatch.setattr(generation_multi_token, "accept_speculative", biased_accept)
     outcomes, _ = multi_token_samples(model, NUM_SAMPLES, seed=2)
     statistic, dof, p_value = chi_square_p_value(outcomes, exact)
     print(f"biased variant: chi2={statistic:.1f} dof={dof} p={p_value:.2e}")
