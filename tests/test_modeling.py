@@ -209,3 +209,24 @@ def test_head_registry_entries_declare_what_training_needs(arch, head_type, extr
     model.reset_heads()
     for key, value in model.mtp_heads.state_dict().items():
         assert torch.equal(value, initial[key]), key
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_architecture_table_names_the_base_models_own_parts(arch):
+    """Each supported architecture is one entry of the table; its names resolve to the converted base's modules."""
+    from transformers_mtp.modeling_architectures import ARCHITECTURES
+    from transformers_mtp.modeling_multi_token import MULTI_TOKEN_CLASSES
+
+    base = tiny_base(arch)
+    model = transformers_mtp.convert(base, num_heads=3, head_type="query_extension")
+    assert MULTI_TOKEN_CLASSES[type(base)] is type(model)
+    assert type(model).architecture is ARCHITECTURES[base.config.model_type]
+    trunk, last_layer, final_norm, embed_tokens, rotary = model._parts()
+    base_trunk = base.model if arch == "llama" else base.transformer
+    layers = base_trunk.layers if arch == "llama" else base_trunk.h
+    assert trunk is base_trunk and last_layer is layers[-1]
+    assert final_norm is (base_trunk.norm if arch == "llama" else base_trunk.ln_f)
+    assert embed_tokens is base.get_input_embeddings() and model.lm_head is base.get_output_embeddings()
+    assert (rotary is base_trunk.rotary_emb) if arch == "llama" else rotary is None
+    assert all(isinstance(head, type(model).architecture.query_extension_head) for head in model.mtp_heads)
+    assert set(transformers_mtp.SUPPORTED_ARCHITECTURES) == set(MULTI_TOKEN_CLASSES)

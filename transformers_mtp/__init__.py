@@ -11,12 +11,8 @@ from .conversion import SUPPORTED_ARCHITECTURES, convert, load_base_model
 from .default_model import default_gguf_path, load_default, load_default_base
 from .generation_multi_token import MultiTokenGenerateOutput, MultiTokenStats
 from .hub import push_to_hub
-from .modeling_multi_token import (
-    GPT2ForMultiTokenPrediction,
-    LlamaForMultiTokenPrediction,
-    MultiTokenCausalLMOutput,
-    multi_token_loss,
-)
+from .modeling_losses import multi_token_loss
+from .modeling_multi_token import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction, MultiTokenCausalLMOutput
 
 __version__ = "0.1.0"
 

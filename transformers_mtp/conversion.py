@@ -5,20 +5,17 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, GPT2LMHeadModel, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
 
-from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
 from .generation_options import check_draft_tree_size
-from .modeling_multi_token import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction, MultiTokenPredictionMixin
+from .modeling_multi_token import MULTI_TOKEN_CLASSES, MultiTokenPredictionMixin
 
 logger = logging.get_logger(__name__)
 
-# base class -> (config class, multi-token class, attribute names of the trunk and the unembedding)
-SUPPORTED_ARCHITECTURES = {
-    LlamaForCausalLM: (MultiTokenLlamaConfig, LlamaForMultiTokenPrediction, "model"),
-    GPT2LMHeadModel: (MultiTokenGPT2Config, GPT2ForMultiTokenPrediction, "transformer"),
-}
+# the base causal-LM classes convert() takes (the multi-token class of each: modeling_multi_token.MULTI_TOKEN_CLASSES;
+# where its parts are: modeling_architectures.ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = tuple(MULTI_TOKEN_CLASSES)
 # Keys of a loaded base config that must not be carried into the multi-token config: the GGUF/quantization marker
 # (the weights are dense once loaded), and identity fields that the new config sets itself.
 _DROPPED_CONFIG_KEYS = ("quantization_config", "model_type", "architectures", "transformers_version", "auto_map")
@@ -81,7 +78,8 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     if type(base) not in SUPPORTED_ARCHITECTURES:
         names = ", ".join(cls.__name__ for cls in SUPPORTED_ARCHITECTURES)
         raise ValueError(f"Unsupported architecture {type(base).__name__}; convert() supports {names}.")
-    config_class, model_class, trunk_name = SUPPORTED_ARCHITECTURES[type(base)]
+    model_class = MULTI_TOKEN_CLASSES[type(base)]
+    config_class, architecture = model_class.config_class, model_class.architecture
     base_config = {k: v for k, v in base.config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
     config = config_class(**{**base_config, "num_heads": num_heads, "head_type": head_type, **head_config})
     num_predict_heads = num_predict_heads or num_heads
@@ -93,9 +91,9 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     # reused, not copied, and only the heads get real memory.
     with torch.device("meta"):
         model = model_class(config)
-    setattr(model, trunk_name, getattr(base, trunk_name))
-    model.lm_head = base.lm_head
-    reference = base.lm_head.weight
+    setattr(model, architecture.trunk, getattr(base, architecture.trunk))
+    setattr(model, architecture.unembedding, getattr(base, architecture.unembedding))
+    reference = getattr(base, architecture.unembedding).weight
     model.mtp_heads.to_empty(device=reference.device)
     model.mtp_heads.to(reference.dtype)
     model.reset_heads()

@@ -14,6 +14,21 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 
+def head_attention_mask(query_len, key_len, key_padding_mask=None, device=None):
+    """
+    Causal mask for `query_len` queries that are the last positions of `key_len` keys.
+    key_padding_mask: [B, key_len] with 1 for real tokens. Returns bool [B|1, 1, query_len, key_len] or None.
+    """
+    if query_len == 1 and key_padding_mask is None:
+        return None
+    offset = key_len - query_len
+    keys = torch.arange(key_len, device=device)
+    mask = (keys[None, :] <= offset + torch.arange(query_len, device=device)[:, None])[None, None]
+    if key_padding_mask is not None:
+        mask = mask & key_padding_mask[:, None, None, :].bool()
+    return mask
+
+
 class HeadMixin:
     """What every head type declares for the model and for training (the head registry's entries):
 

@@ -2,13 +2,14 @@
 """Multi-token-prediction (MTP) models: Hugging Face causal LMs plus light heads that propose several tokens per pass.
 
 The classes subclass `LlamaForCausalLM` and `GPT2LMHeadModel` and add only what differs: `mtp_heads`, a forward that
-returns head logits and the per-head loss on request, and a `generate()` that takes `multi_token_mode=True`.
+returns head logits and the per-head loss on request, and a `generate()` that takes `multi_token_mode=True`
+(generation_mixin.py). Where each architecture keeps its parts is in modeling_architectures.py; the head types are in
+modeling_heads.py, the loss in modeling_losses.py.
 
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +23,10 @@ from transformers.utils.deprecation import deprecate_kwarg
 from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
 from .generation_cache import cache_layer_keys_values
 from .generation_draft_sources import DATASTORE_EMPTY_KEY
-from .generation_multi_token import multi_token_decoding
-from .generation_options import MULTI_TOKEN_OPTIONS, MultiTokenOptions, check_no_options_without_mode
-from .modeling_heads import HEAD_CLASSES, GPT2QueryExtensionHead, LlamaQueryExtensionHead
+from .generation_mixin import MultiTokenGenerationMixin
+from .modeling_architectures import ARCHITECTURES, Architecture
+from .modeling_heads import HEAD_CLASSES, head_attention_mask
+from .modeling_losses import multi_token_loss
 
 logger = logging.get_logger(__name__)
 
@@ -45,71 +47,10 @@ class MultiTokenCausalLMOutput(CausalLMOutputWithPast):
     head_losses: torch.FloatTensor | None = None
 
 
-def head_cross_entropy(logits, targets, offset, num_items_in_batch=None):
-    """
-    Cross-entropy of `logits` [B, T, V] at position t against `targets[t + offset]` (-100 ignored), where `targets`
-    are already shifted as `shift_labels` are: `targets[t]` is the token that follows position t. Mean over the scored
-    tokens, or their sum divided by `num_items_in_batch` (as transformers' causal-LM loss does under gradient
-    accumulation). A head with no scored token gives 0 rather than NaN.
-    """
-    length = logits.shape[1]
-    pred, target = logits[:, : length - offset].float(), targets[:, offset:].to(logits.device)
-    total = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
-    if num_items_in_batch is not None:
-        return total / num_items_in_batch
-    return total / (target != -100).sum().clamp(min=1)
+class MultiTokenPredictionMixin(MultiTokenGenerationMixin):
+    """What the Llama and GPT-2 classes share. Each names its entry of the architecture table (`architecture`)."""
 
-
-def shifted_targets(labels=None, shift_labels=None):
-    """The token after each position [B, T] (-100 where none): `shift_labels` as given, else `labels` shifted left."""
-    if shift_labels is not None:
-        return shift_labels
-    return F.pad(labels[:, 1:], (0, 1), value=-100)
-
-
-def aggregate_head_losses(per_head, weights=None):
-    """Mean of the per-head losses, or their `weights`-weighted mean."""
-    if weights is None:
-        return per_head.mean()
-    weights = torch.tensor(weights, dtype=per_head.dtype, device=per_head.device)
-    return (weights * per_head).sum() / weights.sum()
-
-
-def multi_token_loss(logits, head_logits, labels=None, weights=None, *, shift_labels=None, num_items_in_batch=None):
-    """
-    Each head's cross-entropy computed separately, then aggregated (seed 004: a joint loss over the block diverged).
-
-    logits: [B, T, V] (head 0), head_logits: [B, T, K-1, V], labels: [B, T] with -100 ignored, the usual causal-LM
-    labels (the shift happens here: head i at position t is scored against labels[t + 1 + i]); or `shift_labels`
-    [B, T], already shifted (as sequence-parallel training passes them): head i at t is scored against
-    shift_labels[t + i]. `num_items_in_batch`: as in transformers' causal-LM loss (gradient accumulation).
-    Returns (loss, per_head [K]).
-    """
-    targets = shifted_targets(labels, shift_labels)
-    heads = [logits] + [head_logits[:, :, i] for i in range(head_logits.shape[2])]
-    per_head = torch.stack([head_cross_entropy(head, targets, i, num_items_in_batch) for i, head in enumerate(heads)])
-    return aggregate_head_losses(per_head, weights), per_head
-
-
-def head_attention_mask(query_len, key_len, key_padding_mask=None, device=None):
-    """
-    Causal mask for `query_len` queries that are the last positions of `key_len` keys.
-    key_padding_mask: [B, key_len] with 1 for real tokens. Returns bool [B|1, 1, query_len, key_len] or None.
-    """
-    if query_len == 1 and key_padding_mask is None:
-        return None
-    offset = key_len - query_len
-    keys = torch.arange(key_len, device=device)
-    mask = (keys[None, :] <= offset + torch.arange(query_len, device=device)[:, None])[None, None]
-    if key_padding_mask is not None:
-        mask = mask & key_padding_mask[:, None, None, :].bool()
-    return mask
-
-
-class MultiTokenPredictionMixin:
-    """What the Llama and GPT-2 classes share. Subclasses name the architecture's parts in `_parts()`."""
-
-    query_extension_head_class: type
+    architecture: Architecture  # its entry of modeling_architectures.ARCHITECTURES
 
     def __init__(self, config):
         super().__init__(config)  # the base causal LM (LlamaForCausalLM / GPT2LMHeadModel) first
@@ -118,7 +59,11 @@ class MultiTokenPredictionMixin:
     # --- architecture ------------------------------------------------------------------------------------------
     def _parts(self):
         """(trunk, last decoder layer, final norm, token embedding, rotary embedding or None)"""
-        raise NotImplementedError
+        return self.architecture.parts(self)
+
+    @property
+    def query_extension_head_class(self):
+        return self.architecture.query_extension_head
 
     @property
     def head_class(self):
@@ -366,57 +311,6 @@ class MultiTokenPredictionMixin:
         position_embeddings = rotary(layer_input, position_ids) if rotary is not None else None
         return self.query_extension_head_class.base_layer_keys_values(last_layer, layer_input, position_embeddings)
 
-    # --- generation ---------------------------------------------------------------------------------------------
-    def generate(self, *args, multi_token_mode=False, **kwargs):
-        r"""
-        `generate()` of the base model, plus multi-token decoding:
-
-        - `multi_token_mode=True` (or `"verified"`): heads draft `num_predict_heads - 1` tokens, the base model verifies
-          them in its next forward pass. Greedy (`do_sample=False`): the longest agreeing prefix is kept, and the
-          output is token-for-token the output of `generate(do_sample=False)`. Sampling (`do_sample=True`, with
-          temperature / top-k / top-p): speculative sampling, whose output distribution is exactly that of
-          `generate(do_sample=True)` with the same settings. Batches (left padding) are supported: each row keeps
-          its own number of drafts.
-        - `multi_token_mode="unverified"`: the articles' append-every-draft mode. Faster, but its output is not the
-          greedy output; opt-in only, greedy, batch size 1.
-        - `num_predict_heads` (defaults to `generation_config.num_predict_heads`, else `config.num_heads`): tokens
-          proposed per forward pass, at most `config.num_heads`.
-        - `draft_confidence_threshold` (defaults to `generation_config.draft_confidence_threshold`, else 0): a row's
-          drafts stop at the first one whose head gives its top token less than this probability (adaptive draft
-          length; a verify pass over fewer tokens is cheaper).
-        - `draft_lookup_ngram` (defaults to `generation_config.draft_lookup_ngram`, else 0): when the row's last n
-          tokens (n from this value down to 2) occurred earlier in the row, the tokens that followed them are drafted
-          first and the heads draft the rest (prompt lookup, folded into the same verify pass).
-        - `draft_lookup_num_tokens` (defaults to `generation_config.draft_lookup_num_tokens`, else
-          `num_predict_heads - 1`): the most tokens a step copies from the context; a repeated span is often right
-          for many tokens, so it may be more than the heads draft.
-        - `draft_datastore` (defaults to `generation_config.draft_datastore`, else True when the model has a draft
-          datastore, see `config.draft_datastore_size`): when nothing was copied from the row's own context, the
-          tokens that most often followed its last 3 tokens in the model's training answers are drafted first.
-        - `draft_tree_size` (defaults to `generation_config.draft_tree_size`, else 0): greedy decoding of one
-          sequence drafts this many tokens per step as a tree of candidates (the context / datastore continuation and
-          the heads' most probable continuations), all verified in one pass; 0 drafts one chain. A size from the
-          generation config applies where trees can be drafted, and sampling or batches then draft chains; a size
-          passed here with them raises.
-        - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
-
-        With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per
-        forward pass, per-head acceptance).
-        """
-        given = {name: kwargs.pop(name) for name in MULTI_TOKEN_OPTIONS if name in kwargs}
-        if not multi_token_mode:
-            check_no_options_without_mode(given)
-            return super().generate(*args, **kwargs)
-        if kwargs.get("custom_generate") is not None or kwargs.get("assistant_model") is not None:
-            raise ValueError("multi_token_mode cannot be combined with custom_generate or assistant_model.")
-        options = MultiTokenOptions.resolve(self, multi_token_mode, kwargs.get("generation_config"), **given)
-        # transformers (5.24) forwards neither `streamer` nor `tokenizer` to a callable `custom_generate`, so the
-        # streamer is bound here and stop strings are turned into their stopping criterion here (the same
-        # `StopStringCriteria` that `generate()` would build).
-        decoding = partial(multi_token_decoding, multi_token_streamer=kwargs.get("streamer"), options=options)
-        _move_stop_strings_into_criteria(self, kwargs)
-        return super().generate(*args, custom_generate=decoding, **kwargs)
-
     # --- loading ------------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, *args, allow_fresh_heads=False, **kwargs):
@@ -459,27 +353,6 @@ class MultiTokenPredictionMixin:
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-def _move_stop_strings_into_criteria(model, kwargs):
-    """Build `generate()`'s own `StopStringCriteria` for `stop_strings` (see the note in `generate`)."""
-    from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
-
-    config = kwargs.get("generation_config") or model.generation_config
-    stop_strings = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
-    tokenizer = kwargs.pop("tokenizer", None)
-    if not stop_strings:
-        return
-    if tokenizer is None:
-        raise ValueError(
-            f"stop_strings={stop_strings!r} needs the tokenizer: pass tokenizer=... to generate(), as with plain "
-            "generate()."
-        )
-    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
-    criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
-    kwargs["stopping_criteria"] = criteria
-    if getattr(config, "stop_strings", None):  # keep generate() from building the criterion a second time
-        kwargs["generation_config"] = GenerationConfig(**{**config.to_dict(), "stop_strings": None})
-
-
 _FORWARD_DOC = r"""
         The base causal LM's forward, with the same arguments. Without `labels` or `output_head_logits=True` it is
         exactly the base forward, at its cost. Otherwise it also computes the heads and returns a
@@ -491,7 +364,7 @@ _FORWARD_DOC = r"""
 
 class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
     config_class = MultiTokenLlamaConfig
-    query_extension_head_class = LlamaQueryExtensionHead
+    architecture = ARCHITECTURES["llama"]
 
     # The signature is LlamaForCausalLM.forward's, plus `output_head_logits`.
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -510,13 +383,10 @@ class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
 
     forward.__doc__ = _FORWARD_DOC
 
-    def _parts(self):
-        return self.model, self.model.layers[-1], self.model.norm, self.model.embed_tokens, self.model.rotary_emb
-
 
 class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
     config_class = MultiTokenGPT2Config
-    query_extension_head_class = GPT2QueryExtensionHead
+    architecture = ARCHITECTURES["gpt2"]
 
     # The signature is GPT2LMHeadModel.forward's (its own positional order), plus `output_head_logits`.
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -547,13 +417,12 @@ class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
 
     forward.__doc__ = _FORWARD_DOC
 
-    def _parts(self):
-        # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding
-        return self.transformer, self.transformer.h[-1], self.transformer.ln_f, self.transformer.wte, None
-
 
 # `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
 MultiTokenLlamaConfig.register_for_auto_class()
 MultiTokenGPT2Config.register_for_auto_class()
 LlamaForMultiTokenPrediction.register_for_auto_class("AutoModelForCausalLM")
 GPT2ForMultiTokenPrediction.register_for_auto_class("AutoModelForCausalLM")
+
+# base causal-LM class -> its multi-token class (convert() reads this; the architecture table says where the parts are)
+MULTI_TOKEN_CLASSES = {LlamaForCausalLM: LlamaForMultiTokenPrediction, GPT2LMHeadModel: GPT2ForMultiTokenPrediction}
