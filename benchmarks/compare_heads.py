@@ -18,7 +18,7 @@ import torch
 
 import transformers_mtp
 from transformers_mtp.benchmark import load_prompts
-from transformers_mtp.training_data import chat_input_ids
+from transformers_mtp.training.data import chat_input_ids
 from transformers_mtp.default_model import DEFAULT_HEADS_SETTINGS
 from transformers_mtp.training import load_trained_heads
 

@@ -18,10 +18,10 @@ import torch
 import transformers_mtp
 from transformers_mtp.benchmark import run_benchmark, summarize
 from transformers_mtp.benchmark import load_prompts
-from transformers_mtp.training_data import chat_input_ids
+from transformers_mtp.training.data import chat_input_ids
 from transformers_mtp.presets import TRAIN_DATA_KEYS, load_preset
 from transformers_mtp.training import HeadTrainingConfig, train_heads, training_sequences
-from transformers_mtp.training_data import cache_trunk_features, check_sequences
+from transformers_mtp.training.data import cache_trunk_features, check_sequences
 
 HEAD_TYPES = {  # name -> convert() settings beyond the preset's
     "linear": {"head_type": "linear"},

@@ -12,7 +12,7 @@ import torch
 
 import transformers_mtp
 from transformers_mtp.benchmark import load_prompts
-from transformers_mtp.training_data import chat_input_ids
+from transformers_mtp.training.data import chat_input_ids
 
 VARIANTS = {
     "greedy": {},

@@ -17,7 +17,7 @@ from importlib.resources import files
 import torch
 
 import transformers_mtp
-from transformers_mtp.training_data import chat_ids
+from transformers_mtp.training.data import chat_ids
 
 NEW_TOKENS = 96
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 import transformers_mtp
-from transformers_mtp.training_data import chat_input_ids
+from transformers_mtp.training.data import chat_input_ids
 
 
 def median_ms(fn, runs=30):

@@ -6,7 +6,7 @@ from test_generation import OracleDrafts, use_drafts
 from transformers import TextStreamer
 
 import transformers_mtp
-from transformers_mtp.training_data import chat_input_ids as chat_ids
+from transformers_mtp.training.data import chat_input_ids as chat_ids
 
 pytestmark = pytest.mark.real_model
 
@@ -92,7 +92,7 @@ def test_streamer_and_stop_strings_match_greedy(converted, monkeypatch):
 
 
 def test_text_and_jsonl_training_files(default_base, tmp_path):
-    from transformers_mtp.training_data import check_sequences, load_text_sequences
+    from transformers_mtp.training.data import check_sequences, load_text_sequences
 
     _, tokenizer = default_base
     text = tmp_path / "notes.txt"

@@ -17,7 +17,7 @@ from transformers_mtp.training import (
     lora_config_for,
     train_heads,
 )
-from transformers_mtp.training_data import cache_trunk_features, collate_features
+from transformers_mtp.training.data import cache_trunk_features, collate_features
 
 
 def greedy_sequences(model, count=24, prompt_length=4, new_tokens=24, seed=0):
@@ -158,7 +158,7 @@ def test_lora_targets_only_the_heads():
 
 def test_training_prompts_are_varied_and_never_benchmark_prompts():
     from transformers_mtp.benchmark import load_prompts
-    from transformers_mtp.training_prompts import LANGUAGES, training_prompts
+    from transformers_mtp.training.prompts import LANGUAGES, training_prompts
 
     prompts = training_prompts()
     texts = [p["prompt"] for p in prompts]
@@ -175,9 +175,9 @@ def test_training_prompts_are_varied_and_never_benchmark_prompts():
 
 
 def test_self_distilled_data_cache_grows_without_regenerating(tmp_path, monkeypatch):
-    import transformers_mtp.training_data as training_data
+    from transformers_mtp.training import sequences as sequences_module
     from transformers_mtp.training import training_sequences
-    from transformers_mtp.training_prompts import training_prompts
+    from transformers_mtp.training.prompts import training_prompts
 
     asked = []
 
@@ -185,7 +185,7 @@ def test_self_distilled_data_cache_grows_without_regenerating(tmp_path, monkeypa
         asked.append(list(prompts))
         return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
 
-    monkeypatch.setattr(training_data, "self_distill", fake_self_distill)
+    monkeypatch.setattr(sequences_module, "self_distill", fake_self_distill)
     cache = tmp_path / "data" / "distill.jsonl"
     settings = {"data": "builtin", "data_cache": str(cache)}
     prompts = [p["prompt"] for p in training_prompts(limit=5)]
@@ -205,9 +205,9 @@ def test_self_distilled_data_cache_grows_without_regenerating(tmp_path, monkeypa
 
 
 def test_sampled_self_distillation_appends_rounds_and_checks_settings(tmp_path, monkeypatch):
-    import transformers_mtp.training_data as training_data
+    from transformers_mtp.training import sequences as sequences_module
     from transformers_mtp.training import training_sequences
-    from transformers_mtp.training_prompts import training_prompts
+    from transformers_mtp.training.prompts import training_prompts
 
     asked = []
 
@@ -215,7 +215,7 @@ def test_sampled_self_distillation_appends_rounds_and_checks_settings(tmp_path, 
         asked.append((list(prompts), temperature, seed))
         return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
 
-    monkeypatch.setattr(training_data, "self_distill", fake_self_distill)
+    monkeypatch.setattr(sequences_module, "self_distill", fake_self_distill)
     cache = tmp_path / "distill.jsonl"
     settings = {"data": "builtin", "data_cache": str(cache), "num_prompts": 3, "sample_temperature": 0.7}
     prompts = [p["prompt"] for p in training_prompts(limit=3)]
@@ -236,7 +236,7 @@ def test_sampled_self_distillation_appends_rounds_and_checks_settings(tmp_path, 
 
 
 def test_self_distill_rejects_a_non_positive_temperature():
-    from transformers_mtp.training_data import self_distill
+    from transformers_mtp.training.data import self_distill
 
     with pytest.raises(ValueError, match="temperature=0 must be positive"):
         self_distill(None, None, ["Say hi."], temperature=0)
@@ -297,7 +297,7 @@ def _interrupted_run(folder, model, sequences, monkeypatch, **settings):
 
 
 def test_resume_reads_the_draft_tables_back_from_the_checkpoint(tmp_path, monkeypatch):
-    from transformers_mtp import training
+    from transformers_mtp.training import run
 
     def convert():
         return transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock", draft_vocab_size=40,
@@ -315,8 +315,8 @@ def test_resume_reads_the_draft_tables_back_from_the_checkpoint(tmp_path, monkey
     def recomputed(*args, **kwargs):
         raise AssertionError("the draft tables were recomputed on resume")
 
-    monkeypatch.setattr(training, "most_emitted_tokens", recomputed)
-    monkeypatch.setattr(training, "build_draft_datastore", recomputed)
+    monkeypatch.setattr(run, "most_emitted_tokens", recomputed)  # where train_heads looks them up
+    monkeypatch.setattr(run, "build_draft_datastore", recomputed)
     config.resume = True
     merged, _ = train_heads(convert(), sequences, config, progress=False)
     assert torch.equal(merged.draft_unembedding()[1], saved_vocab)

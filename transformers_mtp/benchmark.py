@@ -31,7 +31,7 @@ SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
 
 def load_prompts(path=None):
     """The shipped prompt set (code and chat, tagged by kind), or a JSONL file of {"prompt", "kind", "id"}."""
-    from .training_data import read_jsonl
+    from .training.data import read_jsonl
 
     path = Path(path) if path else Path(__file__).with_name("bench_prompts.jsonl")
     prompts = []

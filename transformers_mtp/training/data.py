@@ -1,5 +1,7 @@
 # Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
-"""Training data for the heads: token sequences, and the frozen trunk's features with the base model's own targets.
+"""Training data for the heads: token sequences (self-distilled, or from a text / JSONL file), and the frozen trunk's
+features with the base model's own targets; also the chat-template and JSONL helpers that the CLI and the benchmark
+use too.
 
 Targets are the base model's **argmax** at every position, not the text's next tokens and not its distribution:
 verification accepts a draft exactly when it equals the base model's argmax, so the argmax is what a head must

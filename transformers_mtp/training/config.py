@@ -1,0 +1,46 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""`HeadTrainingConfig`: the settings of one `train_heads` run (output folder, LoRA rank, optimisation, evaluation
+and checkpoint intervals, draft datastore threshold, resume / overwrite)."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class HeadTrainingConfig:
+    r"""
+    Args:
+        output_dir (`str`): where checkpoints, `adapter/` (PEFT adapter) and `merged/` (full checkpoint) go.
+        lora_rank (`int`, *optional*): LoRA rank on the heads; defaults to the model's `head_rank`.
+        learning_rate (`float`, defaults to 1e-3): the heads are new and small; Medusa trains its heads at 1e-3.
+        num_train_epochs (`float`, defaults to 2.0), max_steps (`int`, defaults to -1: use epochs).
+        per_device_train_batch_size (`int`, defaults to 8), gradient_accumulation_steps (`int`, defaults to 1).
+        warmup_ratio (`float`, defaults to 0.03): seed 004's recipe.
+        eval_fraction (`float`, defaults to 0.05): share of sequences held out for evaluation.
+        eval_steps / save_steps / logging_steps (`int`): evaluation, checkpoint and log intervals in steps.
+        seed (`int`, defaults to 0). bf16 (`bool`, *optional*): defaults to True on CUDA, False on CPU.
+        datastore_min_count (`int`, defaults to 2): a 3-token context enters the draft datastore (models with
+            `draft_datastore_size`) when its most frequent continuation was seen at least this often.
+        feature_batch_size (`int`, defaults to 1): sequences per trunk pass when caching features; raise it on a GPU
+            (on a CPU a padded batch only adds work).
+        overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
+        resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
+    """
+
+    output_dir: str
+    lora_rank: int | None = None
+    learning_rate: float = 1e-3
+    num_train_epochs: float = 2.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    warmup_ratio: float = 0.03
+    eval_fraction: float = 0.05
+    eval_steps: int = 100
+    save_steps: int = 100
+    logging_steps: int = 10
+    seed: int = 0
+    bf16: bool | None = None
+    feature_batch_size: int = 1
+    datastore_min_count: int = 2
+    overwrite: bool = False
+    resume: bool = False

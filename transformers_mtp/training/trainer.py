@@ -1,0 +1,148 @@
+# Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
+"""The training step: the heads' loss from cached trunk features (`features_loss`), the `Trainer` subclass that
+computes it, evaluates per-head top-1 agreement and writes checkpoints atomically (`HeadsTrainer`), and the progress
+bar callback that shows them."""
+
+import os
+import shutil
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..modeling_multi_token import aggregate_head_losses, head_cross_entropy
+from .adapters import save_head_settings
+from .checkpoints import list_checkpoints, save_recipe
+
+
+def features_loss(model, batch):
+    """
+    Loss of heads 1..K-1 from cached trunk features (head 0 is the frozen base: its loss is a constant and left out).
+    Returns (loss, per-head losses [K-1], per-head top-1 agreement counts [K-1, 2] as (agreed, scored)).
+    """
+    teacher, mask = batch["teacher"], batch["attention_mask"]
+    batch_size, length = teacher.shape
+    positions = torch.arange(length, device=teacher.device)[None].expand(batch_size, length)
+    share_kv = model.uses_layer_input and model.config.head_share_kv
+    states, _ = model._head_states(
+        normed=batch["normed"], layer_input=batch.get("layer_input"), next_token_ids=batch.get("next_ids"),
+        position_ids=positions, key_padding_mask=mask if bool((mask == 0).any()) else None,
+        base_kv=(batch["keys"], batch["values"]) if share_kv else None,
+    )
+    weight, draft_ids = model.draft_unembedding()
+    head_logits = states @ weight.T  # [B, T, K-1, V or draft vocabulary]
+    # teacher[t] is the base model's argmax at t, i.e. its token t + 1: already shifted, as `shift_labels` are. The
+    # last position's argmax is a token past the end of the text, which is not scored.
+    targets = F.pad(teacher[:, :-1], (0, 1), value=-100)
+    draft_targets = targets
+    if draft_ids is not None:  # targets as draft-vocabulary indices; a token outside it cannot be learned (-100)
+        lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=targets.device)
+        lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=targets.device)
+        draft_targets = torch.where(targets == -100, targets, lookup[targets.clamp(min=0)])
+    per_head, agreement = [], []
+    for i in range(1, head_logits.shape[2] + 1):
+        logits = head_logits[:, :, i - 1]
+        per_head.append(head_cross_entropy(logits, draft_targets, i))
+        target = targets[:, i:]
+        scored = target != -100  # agreement counts every target, in the draft vocabulary or not
+        choice = logits[:, : length - i].argmax(-1)
+        agreed = ((choice if draft_ids is None else draft_ids[choice]) == target) & scored
+        agreement.append(torch.stack([agreed.sum(), scored.sum()]))
+    per_head = torch.stack(per_head)
+    weights = model.config.head_loss_weights
+    return aggregate_head_losses(per_head, weights[1:] if weights else None), per_head, torch.stack(agreement)
+
+
+class HeadsTrainer(Trainer):
+    """`Trainer` whose loss comes from cached trunk features, with per-head top-1 agreement in the logs."""
+
+    def __init__(self, *args, recipe=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._agreement = None
+        self.recipe = recipe  # written into each checkpoint (see `training_recipe`)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, _, agreement = features_loss(model.get_base_model(), inputs)
+        self._agreement = agreement.detach() + (self._agreement if self._agreement is not None else 0)
+        return (loss, None) if return_outputs else loss
+
+    def log(self, logs, *args, **kwargs):
+        if self._agreement is not None and "loss" in logs:
+            for i, (agreed, scored) in enumerate(self._agreement.tolist(), start=1):
+                logs[f"agree_head{i}"] = round(agreed / max(scored, 1), 4)
+            self._agreement = None
+        super().log(logs, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        # Trainer writes checkpoint-N in place; an interruption mid-write would leave a checkpoint that resume
+        # trusts. Write it in a staging folder and move it into place with one rename instead.
+        real_dir = self.args.output_dir
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=real_dir)
+        self.args.output_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir = real_dir
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        # what resume reads back instead of recomputing: the head settings, draft vocabulary, datastore and recipe
+        save_head_settings(self.model.get_base_model(), os.path.join(staging, name))
+        if self.recipe is not None:
+            save_recipe(os.path.join(staging, name), self.recipe)
+        target = os.path.join(real_dir, name)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.rename(os.path.join(staging, name), target)
+        shutil.rmtree(staging)
+        checkpoints = list_checkpoints(real_dir)
+        for old in checkpoints[: -self.args.save_total_limit] if self.args.save_total_limit else []:
+            shutil.rmtree(old)
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        model = self.model.get_base_model()
+        was_training = model.training
+        model.eval()
+        losses, agreement = [], None
+        for batch in self.get_eval_dataloader(eval_dataset):
+            batch = self._prepare_inputs(batch)
+            loss, _, counts = features_loss(model, batch)
+            losses.append(loss.item())
+            agreement = counts if agreement is None else agreement + counts
+        model.train(was_training)
+        metrics = {f"{metric_key_prefix}_loss": sum(losses) / max(len(losses), 1)}
+        for i, (agreed, scored) in enumerate(agreement.tolist() if agreement is not None else [], start=1):
+            metrics[f"{metric_key_prefix}_agree_head{i}"] = round(agreed / max(scored, 1), 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+class AgreementInProgressBar(TrainerCallback):
+    """Shows the loss and each head's top-1 agreement with the base model on the training progress bar."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        bar = next((cb.training_bar for cb in self.trainer.callback_handler.callbacks
+                    if isinstance(cb, ProgressCallback) and cb.training_bar is not None), None)
+        if bar is not None and logs and "loss" in logs:
+            agree = "/".join(f"{logs[k]:.2f}" for k in sorted(logs) if k.startswith("agree_head"))
+            bar.set_postfix(loss=f"{logs['loss']:.3f}", agree=agree)
+
+
+class ListDataset(torch.utils.data.Dataset):
+    """A list of feature dicts as a dataset."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
