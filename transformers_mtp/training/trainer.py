@@ -13,7 +13,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..modeling_multi_token import aggregate_head_losses, head_cross_entropy
+from ..modeling_losses import aggregate_head_losses, head_cross_entropy
 from .adapters import save_head_settings
 from .checkpoints import list_checkpoints, save_recipe
 
