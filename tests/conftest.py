@@ -1,4 +1,5 @@
-"""Tiny random Llama / GPT-2 models (hidden 32, 2 layers, vocab 99) and the embedded default model."""
+"""Tiny random Llama / GPT-2 / Mistral / Qwen2 / Qwen3 models (hidden 32, 2 layers, vocab 99) and the embedded
+default model."""
 
 import os
 
@@ -12,12 +13,32 @@ import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 import transformers_mtp  # noqa: E402
 
 VOCAB = 99
-ARCHS = ("llama", "gpt2")
+ARCHS = ("llama", "gpt2")  # the generic tests' architectures
+LLAMA_FAMILY = ("mistral", "qwen2", "qwen3")  # Llama-shaped, each with what differs for the heads
+ALL_ARCHS = ARCHS + LLAMA_FAMILY  # the conversion, portability, parity and transformers-suite tests run on all
+_LLAMA_SHAPED = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    # the default 4096-token sliding window: multi_token_mode decodes texts that fit in it
+    "mistral": (MistralConfig, MistralForCausalLM, {"head_dim": 8}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # biased q/k/v projections
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 8}),  # per-head q_norm / k_norm
+}
 # (head_type, extra config) covering every head design the config offers
 HEAD_SETUPS = [
     ("linear", {}),
@@ -33,12 +54,24 @@ HEAD_IDS = ["linear", "resblock", "qext", "qext-ownkv", "qext-token", "qext-toke
 
 def tiny_base(arch, seed=0):
     torch.manual_seed(seed)
-    if arch == "llama":
-        config = LlamaConfig(
+    if arch in _LLAMA_SHAPED:
+        config_class, model_class, extra = _LLAMA_SHAPED[arch]
+        config = config_class(
             hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=VOCAB, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+            vocab_size=VOCAB, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=2, **extra,
         )
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
+        # What sets the architecture apart starts neutral (norm weights 1, biases 0): randomise it, so that a head
+        # that skipped Qwen3's q_norm / k_norm or Qwen2's q/k/v biases would compute something else.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                attn = layer.self_attn
+                if arch == "qwen3":
+                    for norm in (attn.q_norm, attn.k_norm):
+                        norm.weight.uniform_(0.5, 1.5)
+                if arch == "qwen2":
+                    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                        proj.bias.normal_(0, 0.5)
     elif arch == "gpt2":
         config = GPT2Config(
             n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=256, bos_token_id=0, eos_token_id=1,

@@ -5,11 +5,11 @@ import inspect
 import pytest
 import torch
 from conftest import ARCHS, VOCAB, tiny_mtp
-from transformers import GPT2LMHeadModel, LlamaForCausalLM
+from transformers import GPT2LMHeadModel
 
-from transformers_mtp import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction
+from transformers_mtp.modeling_multi_token import MULTI_TOKEN_CLASSES
 
-BASES = {LlamaForMultiTokenPrediction: LlamaForCausalLM, GPT2ForMultiTokenPrediction: GPT2LMHeadModel}
+BASES = {ours: base for base, ours in MULTI_TOKEN_CLASSES.items()}
 HEADS = [("resblock", {}), ("query_extension", {}), ("query_extension", {"head_input": "sequential"}),
          ("query_extension", {"head_share_kv": False})]
 HEAD_IDS = ["resblock", "qext", "qext-sequential", "qext-ownkv"]
@@ -19,7 +19,7 @@ def ids(batch=2, length=10, seed=0):
     return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("ours,base", BASES.items(), ids=["llama", "gpt2"])
+@pytest.mark.parametrize("ours,base", BASES.items(), ids=[base.__name__ for base in BASES.values()])
 def test_forward_signature_is_the_base_classes(ours, base):
     """Same parameters in the same order (positional callers), plus output_head_logits before **kwargs."""
     ours_params = list(inspect.signature(ours.forward).parameters)

@@ -1,5 +1,5 @@
 """The generation parity matrix: `generate(multi_token_mode=True)` returns exactly what `generate(do_sample=False)`
-returns, for every head design x {llama, gpt2} x {batch 1, left-padded batches of 2, 3, 4} x every generate() option
+returns, for every head design x {llama, gpt2, mistral, qwen2, qwen3} x {batch 1, left-padded batches of 2, 3, 4} x every generate() option
 that applies to greedy decoding of a decoder-only model (each logits processor generate() builds from a
 GenerationConfig option, a user logits processor list, stop strings, EOS lists, the static cache, continuing from a
 returned cache, scores / logits, streamers, short and long max_new_tokens).
@@ -21,7 +21,7 @@ import functools
 
 import pytest
 import torch
-from conftest import ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, tiny_base, tiny_mtp
+from conftest import ALL_ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, tiny_base, tiny_mtp
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -48,7 +48,7 @@ def echo_base(arch, seed=0, noise=ECHO_NOISE):
     base = tiny_base(arch, seed)
     generator = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
-        if arch == "llama":
+        if arch != "gpt2":  # the Llama family
             base.lm_head.weight.copy_(base.model.embed_tokens.weight)
             for layer in base.model.layers:
                 layer.mlp.down_proj.weight.zero_()
@@ -292,7 +292,7 @@ def one_thread():
 
 
 cases = pytest.mark.parametrize(
-    "family,arch,head_id", [(f, a, h) for f in FAMILIES for a in ARCHS for h in HEAD_IDS],
+    "family,arch,head_id", [(f, a, h) for f in FAMILIES for a in ALL_ARCHS for h in HEAD_IDS],
 )
 
 

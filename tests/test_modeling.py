@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from conftest import ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, randomize_heads, tiny_base, tiny_mtp
+from conftest import ALL_ARCHS, ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, randomize_heads, tiny_base, tiny_mtp
 from transformers import AutoModelForCausalLM, OPTConfig, OPTForCausalLM
 
 import transformers_mtp
@@ -10,7 +10,7 @@ from transformers_mtp import multi_token_loss
 
 
 @pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_base_logits_bit_identical_after_conversion(arch, head_type, extra):
     base = tiny_base(arch)
     ids = torch.randint(0, VOCAB, (2, 11))
@@ -211,7 +211,7 @@ def test_head_registry_entries_declare_what_training_needs(arch, head_type, extr
         assert torch.equal(value, initial[key]), key
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_architecture_table_names_the_base_models_own_parts(arch):
     """Each supported architecture is one entry of the table; its names resolve to the converted base's modules."""
     from transformers_mtp.modeling_architectures import ARCHITECTURES
@@ -221,12 +221,33 @@ def test_architecture_table_names_the_base_models_own_parts(arch):
     model = transformers_mtp.convert(base, num_heads=3, head_type="query_extension")
     assert MULTI_TOKEN_CLASSES[type(base)] is type(model)
     assert type(model).architecture is ARCHITECTURES[base.config.model_type]
+    assert isinstance(model, type(base)) and model.config.to_dict()["num_heads"] == 3
     trunk, last_layer, final_norm, embed_tokens, rotary = model._parts()
-    base_trunk = base.model if arch == "llama" else base.transformer
-    layers = base_trunk.layers if arch == "llama" else base_trunk.h
-    assert trunk is base_trunk and last_layer is layers[-1]
-    assert final_norm is (base_trunk.norm if arch == "llama" else base_trunk.ln_f)
+    gpt2 = arch == "gpt2"
+    base_trunk = base.transformer if gpt2 else base.model
+    assert trunk is base_trunk and last_layer is (base_trunk.h if gpt2 else base_trunk.layers)[-1]
+    assert final_norm is (base_trunk.ln_f if gpt2 else base_trunk.norm)
     assert embed_tokens is base.get_input_embeddings() and model.lm_head is base.get_output_embeddings()
-    assert (rotary is base_trunk.rotary_emb) if arch == "llama" else rotary is None
+    assert rotary is None if gpt2 else rotary is base_trunk.rotary_emb
     assert all(isinstance(head, type(model).architecture.query_extension_head) for head in model.mtp_heads)
     assert set(transformers_mtp.SUPPORTED_ARCHITECTURES) == set(MULTI_TOKEN_CLASSES)
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_copied_query_extension_head_is_the_last_layer(arch):
+    """An untouched own-keys query-extension head reading the last layer's input is a copy of that layer: its output
+    equals the layer's. A head that skipped what the architecture adds (Qwen2's q/k/v biases, Qwen3's q_norm /
+    k_norm, GPT-2's scalings; randomised in tiny_base) would differ."""
+    model = transformers_mtp.convert(tiny_base(arch), num_heads=2, head_type="query_extension", head_share_kv=False)
+    ids = torch.randint(3, VOCAB, (2, 9))
+    out = model(ids, output_hidden_states=True)
+    layer_input, layer_output = out.hidden_states[-2], out.hidden_states[-1]
+    trunk, last_layer, final_norm, _, rotary = model._parts()
+    positions = torch.arange(ids.shape[1])[None].expand(2, -1)
+    embeddings = rotary(layer_input, positions) if rotary is not None else None
+    from transformers_mtp.modeling_heads import head_attention_mask
+
+    mask = head_attention_mask(ids.shape[1], ids.shape[1])
+    hidden, _ = model.mtp_heads[0](layer_input, attn_mask=mask, position_embeddings=embeddings)
+    # hidden_states[-1] is after the final norm (transformers applies it before returning the last state)
+    assert torch.allclose(final_norm(hidden), layer_output, atol=1e-5)

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ARCHS, VOCAB, tiny_mtp
+from conftest import ALL_ARCHS, VOCAB, tiny_mtp
 
 LOAD_WITHOUT_PLUGIN = textwrap.dedent(
     """
@@ -44,7 +44,7 @@ LOAD_WITHOUT_PLUGIN = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_loads_with_trust_remote_code_without_the_plugin(arch, tmp_path):
     model = tiny_mtp(arch, "query_extension", head_input="feature_and_token")
     folder = tmp_path / "checkpoint"

@@ -38,7 +38,11 @@ def base_state(model):
 SETUPS = [("llama", "resblock", {}), ("gpt2", "linear", {}), ("llama", "resblock", {"draft_vocab_size": 40}),
           ("llama", "query_extension", {"head_input": "feature_and_token", "head_rank": 8}),
           ("gpt2", "query_extension", {"head_share_kv": False, "head_rank": 8}),
-          ("llama", "query_extension", {"head_input": "sequential", "head_rank": 8, "draft_vocab_size": 40})]
+          ("llama", "query_extension", {"head_input": "sequential", "head_rank": 8, "draft_vocab_size": 40}),
+          # the Llama family: each architecture's own query-extension head under PEFT LoRA
+          ("mistral", "query_extension", {"head_input": "feature_and_token", "head_rank": 8}),
+          ("qwen2", "query_extension", {"head_share_kv": False, "head_rank": 8}),
+          ("qwen3", "query_extension", {"head_input": "sequential", "head_rank": 8})]
 
 
 @pytest.mark.parametrize("arch,head_type,extra", SETUPS, ids=[f"{a}-{h}-{len(e)}" for a, h, e in SETUPS])

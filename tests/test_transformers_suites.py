@@ -6,14 +6,14 @@ transformers' Llama / GPT-2 model testers: batch 13, sequence 7, vocabulary 99, 
 heads (Llama: 2 key/value heads), intermediate 37; GPT-2 inputs carry `token_type_ids` (as transformers' GPT-2
 tester), Llama's a right-padding `attention_mask`.
 
-Classes: architecture (Llama, GPT-2) x head design (linear, resblock, query_extension, and query_extension with
+Classes: architecture (Llama, GPT-2, Mistral, Qwen2, Qwen3) x head design (linear, resblock, query_extension, and query_extension with
 head_input="sequential", head_input="feature_and_token" or head_share_kv=False), each twice:
 
 - `...Test`: the common inputs as transformers' testers make them. Without `labels` our forward is the base model's,
   so the heads run only in the loss / training tests.
 - `...HeadPathTest`: the same inputs plus `output_head_logits=True`, so every forward also runs the heads.
 
-Controls: the plain `LlamaForCausalLM` / `GPT2LMHeadModel` under the same harness; a failure seen there too is the
+Controls: the plain base classes (`LlamaForCausalLM`, `GPT2LMHeadModel`, ...) under the same harness; a failure seen there too is the
 harness's (or transformers'), not ours.
 
 Expected outcomes live in `expectations()` below: deliberate deviations are skips naming the reason. A known bug of
@@ -30,14 +30,20 @@ from unittest import mock
 import pytest
 import torch
 import transformers_suite
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-from transformers_mtp import (
-    GPT2ForMultiTokenPrediction,
-    LlamaForMultiTokenPrediction,
-    MultiTokenGPT2Config,
-    MultiTokenLlamaConfig,
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
+
+from transformers_mtp.modeling_multi_token import MULTI_TOKEN_CLASSES
 
 try:
     common, configuration, SUITE_DIR = transformers_suite.import_suite()
@@ -58,8 +64,7 @@ ids_tensor = common.ids_tensor
 common.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = collections.OrderedDict(
     [
         *common.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items(),
-        (MultiTokenLlamaConfig.model_type, LlamaForMultiTokenPrediction.__name__),
-        (MultiTokenGPT2Config.model_type, GPT2ForMultiTokenPrediction.__name__),
+        *((ours.config_class.model_type, ours.__name__) for ours in MULTI_TOKEN_CLASSES.values()),
     ]
 )
 
@@ -87,18 +92,20 @@ class TinyCausalLMTester:
         self.config_class = config_class
         self.config_extra = config_extra
         self.extra_inputs = extra_inputs or {}
-        self.use_input_mask = arch == "llama"
+        self.use_input_mask = arch != "gpt2"
         self.use_token_type_ids = arch == "gpt2"
 
     def get_config(self):
         tokens = dict(pad_token_id=self.pad_token_id, bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id)
-        if self.arch == "llama":
+        if self.arch != "gpt2":  # the Llama family
             sizes = dict(
                 vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
                 num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
                 intermediate_size=self.intermediate_size, hidden_act="gelu",
                 max_position_embeddings=self.max_position_embeddings, initializer_range=self.initializer_range,
             )
+            if self.arch in ("mistral", "qwen3"):  # their head_dim is a field of its own (Qwen3's defaults to 128)
+                sizes["head_dim"] = self.hidden_size // self.num_attention_heads
         else:
             sizes = dict(
                 vocab_size=self.vocab_size, n_embd=self.hidden_size, n_layer=self.num_hidden_layers,
@@ -140,7 +147,7 @@ class _SuiteBase(ModelTesterMixin, GenerationTesterMixin):
             self, self.arch, self.config_class, extra_inputs=self.extra_inputs, **self.config_extra
         )
         # non-default sizes (transformers' own 37 is not a multiple of the default number of attention heads)
-        size = {"hidden_size": 64, "num_attention_heads": 4} if self.arch == "llama" else {"n_embd": 64, "n_head": 4}
+        size = {"hidden_size": 64, "num_attention_heads": 4} if self.arch != "gpt2" else {"n_embd": 64, "n_head": 4}
         self.config_tester = ConfigTester(self, config_class=self.config_class, **size, **self.config_extra)
 
     # ConfigTester.run_common_tests, one test per check so that each reports on its own
@@ -180,14 +187,31 @@ class GPT2LMHeadModelControlTest(_SuiteBase, unittest.TestCase):
     arch, model_class, config_class = "gpt2", GPT2LMHeadModel, GPT2Config
 
 
+class MistralForCausalLMControlTest(_SuiteBase, unittest.TestCase):
+    arch, model_class, config_class = "mistral", MistralForCausalLM, MistralConfig
+
+
+class Qwen2ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
+    arch, model_class, config_class = "qwen2", Qwen2ForCausalLM, Qwen2Config
+
+
+class Qwen3ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
+    arch, model_class, config_class = "qwen3", Qwen3ForCausalLM, Qwen3Config
+
+
 # --- ours -----------------------------------------------------------------------------------------------------------
 def _heads(head_type, **extra):
     # 3 heads: 2 beyond the base model's own (sequences of 7 tokens leave them 5 and 4 scored positions)
     return {"num_heads": 3, "head_type": head_type, "head_rank": 4, **extra}
 
 
-LLAMA = {"arch": "llama", "model_class": LlamaForMultiTokenPrediction, "config_class": MultiTokenLlamaConfig}
-GPT2 = {"arch": "gpt2", "model_class": GPT2ForMultiTokenPrediction, "config_class": MultiTokenGPT2Config}
+# class-name prefix -> the harness fields of our class for that architecture
+ARCHES = {
+    name: {"arch": arch, "model_class": MULTI_TOKEN_CLASSES[base], "config_class": MULTI_TOKEN_CLASSES[base].config_class}
+    for name, arch, base in (("Llama", "llama", LlamaForCausalLM), ("GPT2", "gpt2", GPT2LMHeadModel),
+                             ("Mistral", "mistral", MistralForCausalLM), ("Qwen2", "qwen2", Qwen2ForCausalLM),
+                             ("Qwen3", "qwen3", Qwen3ForCausalLM))
+}
 HEAD_DESIGNS = {
     "Linear": _heads("linear"),
     "ResBlock": _heads("resblock"),
@@ -260,8 +284,8 @@ def _suite(name, arch_fields, config_extra, extra_inputs):
     return cls
 
 
-# LlamaLinearTest, LlamaLinearHeadPathTest, ..., GPT2QueryExtensionSequentialHeadPathTest
-for _arch_name, _arch in (("Llama", LLAMA), ("GPT2", GPT2)):
+# LlamaLinearTest, LlamaLinearHeadPathTest, ..., Qwen3QueryExtensionSequentialHeadPathTest
+for _arch_name, _arch in ARCHES.items():
     for _design, _config_extra in HEAD_DESIGNS.items():
         for _path, _inputs in (("", {}), ("HeadPath", HEAD_PATH_INPUTS)):
             _name = f"{_arch_name}{_design}{_path}Test"

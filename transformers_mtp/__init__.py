@@ -6,20 +6,32 @@ Importing the package registers the configs with AutoConfig and the models with 
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
+from .configuration_multi_token import (
+    MultiTokenGPT2Config,
+    MultiTokenLlamaConfig,
+    MultiTokenMistralConfig,
+    MultiTokenQwen2Config,
+    MultiTokenQwen3Config,
+)
 from .conversion import SUPPORTED_ARCHITECTURES, convert, load_base_model
 from .default_model import default_gguf_path, load_default, load_default_base
 from .generation_multi_token import MultiTokenGenerateOutput, MultiTokenStats
 from .hub import push_to_hub
 from .modeling_losses import multi_token_loss
-from .modeling_multi_token import GPT2ForMultiTokenPrediction, LlamaForMultiTokenPrediction, MultiTokenCausalLMOutput
+from .modeling_multi_token import (
+    MULTI_TOKEN_CLASSES,
+    GPT2ForMultiTokenPrediction,
+    LlamaForMultiTokenPrediction,
+    MistralForMultiTokenPrediction,
+    MultiTokenCausalLMOutput,
+    Qwen2ForMultiTokenPrediction,
+    Qwen3ForMultiTokenPrediction,
+)
 
 __version__ = "0.1.0"
 
-for _config, _model in (
-    (MultiTokenLlamaConfig, LlamaForMultiTokenPrediction),
-    (MultiTokenGPT2Config, GPT2ForMultiTokenPrediction),
-):
+for _model in MULTI_TOKEN_CLASSES.values():
+    _config = _model.config_class
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForCausalLM.register(_config, _model, exist_ok=True)
@@ -27,11 +39,17 @@ for _config, _model in (
 __all__ = [
     "GPT2ForMultiTokenPrediction",
     "LlamaForMultiTokenPrediction",
+    "MistralForMultiTokenPrediction",
     "MultiTokenCausalLMOutput",
     "MultiTokenGPT2Config",
     "MultiTokenGenerateOutput",
     "MultiTokenLlamaConfig",
+    "MultiTokenMistralConfig",
+    "MultiTokenQwen2Config",
+    "MultiTokenQwen3Config",
     "MultiTokenStats",
+    "Qwen2ForMultiTokenPrediction",
+    "Qwen3ForMultiTokenPrediction",
     "SUPPORTED_ARCHITECTURES",
     "convert",
     "default_gguf_path",

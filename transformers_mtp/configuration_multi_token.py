@@ -9,7 +9,7 @@ is not installed.
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
-from transformers import GPT2Config, LlamaConfig
+from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 HEAD_TYPES = ("linear", "resblock", "query_extension")
 HEAD_INPUTS = ("feature", "feature_and_token", "sequential")
@@ -135,3 +135,33 @@ class MultiTokenGPT2Config(MultiTokenConfigMixin, GPT2Config):
     """
 
     model_type = "multi_token_gpt2"
+
+
+@strict
+class MultiTokenQwen2Config(MultiTokenConfigMixin, Qwen2Config):
+    r"""
+    Configuration of [`Qwen2ForMultiTokenPrediction`]: a [`Qwen2Config`] (Qwen2, Qwen2.5) plus the multi-token fields
+    documented in [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_qwen2"
+
+
+@strict
+class MultiTokenQwen3Config(MultiTokenConfigMixin, Qwen3Config):
+    r"""
+    Configuration of [`Qwen3ForMultiTokenPrediction`]: a [`Qwen3Config`] plus the multi-token fields documented in
+    [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_qwen3"
+
+
+@strict
+class MultiTokenMistralConfig(MultiTokenConfigMixin, MistralConfig):
+    r"""
+    Configuration of [`MistralForMultiTokenPrediction`]: a [`MistralConfig`] plus the multi-token fields documented
+    in [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_mistral"

@@ -5,6 +5,8 @@ Copied next to the weights by `save_pretrained` (through generation_multi_token.
 and `from .module import Name`.
 """
 
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
 
 def cache_layer_keys_values(cache, index):
     """(keys, values) [B, kvH, length, D] that layer `index` of `cache` holds. A static cache's tensors span its whole
@@ -28,3 +30,31 @@ def crop_cache(cache, length):
 
 def is_static_cache(cache):
     return bool(getattr(cache, "is_compileable", False))
+
+
+def unslide_within_window(cache, num_positions):
+    """
+    Make the sliding-window layers of a dynamic `cache` full-attention layers where that changes nothing: when the
+    decoding fills at most `num_positions` <= the window (so no cached position is ever a window away from another,
+    and transformers' window, which counts cache positions, never binds) and the layer has dropped nothing yet. Such a
+    layer then holds the same keys and values and can be rolled back past any rejected draft (transformers still
+    applies the window when it builds the mask, from the model's config). In place; other layers stay.
+    """
+    for i, layer in enumerate(getattr(cache, "layers", None) or []):
+        if not isinstance(layer, DynamicSlidingWindowLayer) or num_positions > layer.sliding_window:
+            continue
+        if layer.is_initialized and layer.cumulative_length != layer.keys.shape[-2]:
+            continue  # it dropped positions already
+        full = DynamicLayer()
+        if layer.is_initialized:
+            full.lazy_initialization(layer.keys, layer.values)
+            full.keys, full.values = layer.keys, layer.values
+        cache.layers[i] = full
+
+
+def layers_that_cannot_roll_back(cache):
+    """Indices of `cache`'s sliding-window layers that drop positions a rejected draft may need back: every one but
+    static ones sized within their window (transformers' `is_croppable`: such a layer never wraps around)."""
+    return [i for i, layer in enumerate(getattr(cache, "layers", None) or [])
+            if getattr(layer, "is_sliding", False)
+            and not (hasattr(layer, "max_cache_len") and getattr(layer, "is_croppable", False))]

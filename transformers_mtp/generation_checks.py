@@ -5,7 +5,7 @@ Copied next to the weights by `save_pretrained` (through generation_multi_token.
 and `from .module import Name`.
 """
 
-from .generation_cache import is_static_cache
+from .generation_cache import is_static_cache, layers_that_cannot_roll_back
 
 IGNORED_MODEL_KWARGS = ("use_cache", "logits_to_keep")  # generate() passes them; the decode loop sets its own
 
@@ -27,8 +27,9 @@ def draft_tree_unsupported(model, generation_config, batch_size, verify, cache=N
 
 
 def check_supported(model, input_ids, generation_config, model_kwargs, *, verify, streamer, tree_size=0,
-                     cache=None):
-    """Combinations that would silently change the output raise instead."""
+                     cache=None, num_positions=None):
+    """Combinations that would silently change the output raise instead. `num_positions`: the cache positions the
+    decoding may fill (`cache_positions_needed`)."""
     batch_size = input_ids.shape[0]
     if is_static_cache(cache) and batch_size > 1:
         # rows accept different numbers of drafts, so the cache grows faster than any row; a static cache sized for
@@ -37,9 +38,18 @@ def check_supported(model, input_ids, generation_config, model_kwargs, *, verify
             f"batched multi_token_mode needs a dynamic cache (got {type(cache).__name__} with a batch of "
             f"{batch_size}); drop cache_implementation='static' or pass one prompt at a time."
         )
-    if getattr(cache, "is_sliding", None) is not None and any(cache.is_sliding):
-        raise ValueError(f"multi_token_mode does not support sliding-window caches ({type(cache).__name__}); use the "
-                         "default dynamic cache.")
+    if layers_that_cannot_roll_back(cache):
+        window = getattr(model.config, "sliding_window", None)
+        batch_note = (" For a batch the cache also holds the gaps that rows accepting fewer drafts leave, so it needs "
+                      "max_length + (num_predict_heads - 1) x max_new_tokens + num_predict_heads positions, "
+                      f"{num_positions} here." if batch_size > 1 else "")
+        raise ValueError(
+            f"multi_token_mode cannot roll back this sliding-window cache ({type(cache).__name__}, sliding_window="
+            f"{window}): it drops positions that a rejected draft would need back. Sliding-window models decode when "
+            f"the whole text fits in the window (max_length={generation_config.max_length} here, prompt + "
+            f"max_new_tokens) and the cache has dropped nothing yet.{batch_note} Shorten the text, pass one prompt "
+            "at a time, or drop multi_token_mode."
+        )
     if generation_config.num_beams > 1:
         raise ValueError(
             f"multi_token_mode does not support beam search (num_beams={generation_config.num_beams}): the heads "
@@ -80,3 +90,16 @@ def check_supported(model, input_ids, generation_config, model_kwargs, *, verify
             f"max_length={generation_config.max_length} (prompt + max_new_tokens) exceeds the model's "
             f"n_positions={max_positions}; shorten the prompt or lower max_new_tokens."
         )
+
+
+
+def cache_positions_needed(input_ids, max_length, options):
+    """
+    The most cache positions a decoding may fill. One row: `max_length` (rejected drafts are cropped each step, and a
+    verify pass never reaches past max_length). A batch: rows accept different numbers of drafts and the cache keeps
+    the longest row's, so each step may leave up to num_predict_heads - 1 masked gaps in the others.
+    """
+    if input_ids.shape[0] == 1:
+        return max_length
+    k = options.num_predict_heads
+    return max_length + (k - 1) * (max_length - input_ids.shape[1]) + k

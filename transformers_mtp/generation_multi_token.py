@@ -45,7 +45,8 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .generation_acceptance import accept_greedy, accept_speculative, accept_tree_walk
-from .generation_checks import check_supported, draft_tree_unsupported
+from .generation_cache import unslide_within_window
+from .generation_checks import cache_positions_needed, check_supported, draft_tree_unsupported
 from .generation_options import MULTI_TOKEN_OPTIONS, MultiTokenOptions
 from .generation_proposers import ContextLookupProposer, DatastoreProposer, Drafter, HeadProposer
 from .generation_state import DecodingState, MultiTokenGenerateOutput, MultiTokenStats, VerifyPass
@@ -76,13 +77,15 @@ def multi_token_decoding(
     cache = model_kwargs.pop("cache", None)
     if cache is None:
         cache = DynamicCache(config=model.config)
+    num_positions = cache_positions_needed(input_ids, generation_config.max_length, options)
+    unslide_within_window(cache, num_positions)  # a sliding-window model whose text fits in the window
     attention_mask, position_ids = model_kwargs.pop("attention_mask", None), model_kwargs.pop("position_ids", None)
     streamer = multi_token_streamer if multi_token_streamer is not None else streamer
     batch_size = input_ids.shape[0]
     if options.draft_tree_from_config and draft_tree_unsupported(model, generation_config, batch_size, verify, cache):
         tree_size = 0
     check_supported(model, input_ids, generation_config, model_kwargs, verify=verify, streamer=streamer,
-                    tree_size=tree_size, cache=cache)
+                    tree_size=tree_size, cache=cache, num_positions=num_positions)
     keep_scores = generation_config.return_dict_in_generate and (
         generation_config.output_scores or generation_config.output_logits
     )

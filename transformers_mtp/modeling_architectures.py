@@ -11,7 +11,14 @@ and `from .module import Name`.
 
 from dataclasses import dataclass
 
-from .modeling_heads import GPT2QueryExtensionHead, LlamaQueryExtensionHead, QueryExtensionHead
+from .modeling_heads import (
+    GPT2QueryExtensionHead,
+    LlamaQueryExtensionHead,
+    MistralQueryExtensionHead,
+    QueryExtensionHead,
+    Qwen2QueryExtensionHead,
+    Qwen3QueryExtensionHead,
+)
 
 
 @dataclass(frozen=True)
@@ -34,9 +41,14 @@ class Architecture:
                 getattr(trunk, self.embed_tokens), rotary)
 
 
+_LLAMA_PARTS = {"trunk": "model", "layers": "layers", "final_norm": "norm", "embed_tokens": "embed_tokens",
+                "rotary": "rotary_emb"}
+
 ARCHITECTURES = {
-    "llama": Architecture(trunk="model", layers="layers", final_norm="norm", embed_tokens="embed_tokens",
-                          rotary="rotary_emb", query_extension_head=LlamaQueryExtensionHead),
+    "llama": Architecture(**_LLAMA_PARTS, query_extension_head=LlamaQueryExtensionHead),
+    "mistral": Architecture(**_LLAMA_PARTS, query_extension_head=MistralQueryExtensionHead),
+    "qwen2": Architecture(**_LLAMA_PARTS, query_extension_head=Qwen2QueryExtensionHead),
+    "qwen3": Architecture(**_LLAMA_PARTS, query_extension_head=Qwen3QueryExtensionHead),
     # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding
     "gpt2": Architecture(trunk="transformer", layers="h", final_norm="ln_f", embed_tokens="wte", rotary=None,
                          query_extension_head=GPT2QueryExtensionHead),

@@ -12,6 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+from transformers.models.mistral.modeling_mistral import MistralMLP
+from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
 
 
 def head_attention_mask(query_len, key_len, key_padding_mask=None, device=None):
@@ -119,7 +122,8 @@ class QueryExtensionHead(HeadMixin, nn.Module):
     def reset_from_base(self, last_layer):
         self.copy_from_base_layer(last_layer)
 
-    def __init__(self, *, hidden_size, num_attention_heads, num_key_value_heads, head_dim, bias, share_kv, use_token):
+    def __init__(self, *, hidden_size, num_attention_heads, num_key_value_heads, head_dim, bias, share_kv, use_token,
+                 o_bias=None):
         super().__init__()
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads
@@ -130,7 +134,7 @@ class QueryExtensionHead(HeadMixin, nn.Module):
         if not share_kv:
             self.k_proj = nn.Linear(hidden_size, num_key_value_heads * head_dim, bias=bias)
             self.v_proj = nn.Linear(hidden_size, num_key_value_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_attention_heads * head_dim, hidden_size, bias=bias)
+        self.o_proj = nn.Linear(num_attention_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         if use_token:
             # fc([h; e]) as in EAGLE, initialised to pass h through unchanged so the untrained head equals the copy.
             self.token_fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
@@ -150,6 +154,12 @@ class QueryExtensionHead(HeadMixin, nn.Module):
         """The keys and values [B, kvH, T, D] that the base decoder `layer` computes (and caches) from its input
         `hidden` [B, T, H], for `share_kv` heads when the trunk filled no cache."""
         raise NotImplementedError
+
+    def heads_of(self, states, norm=None):
+        """[B, T, n * D] projections -> [B, n, T, D] attention heads, each normed first by `norm` (Qwen3's per-head
+        q_norm / k_norm) where the architecture has one."""
+        states = states.view(*states.shape[:-1], -1, self.head_dim)
+        return (states if norm is None else norm(states)).transpose(1, 2)
 
     def _reset_token_fc(self):
         if self.use_token:
@@ -181,14 +191,14 @@ class QueryExtensionHead(HeadMixin, nn.Module):
             hidden = self.token_fc(torch.cat([hidden, token_embeds], dim=-1))
         residual = hidden
         normed = self.input_layernorm(hidden)
-        query = self.q_proj(normed).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+        query = self.heads_of(self.q_proj(normed), getattr(self, "q_norm", None))
         if self.share_kv:
             query, _ = self.rotate(query, None, position_embeddings)
             key, value = past_kv
             new_kv = None
         else:
-            key = self.k_proj(normed).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
-            value = self.v_proj(normed).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+            key = self.heads_of(self.k_proj(normed), getattr(self, "k_norm", None))
+            value = self.heads_of(self.v_proj(normed))
             query, key = self.rotate(query, key, position_embeddings)
             if past_kv is not None:
                 key, value = torch.cat([past_kv[0], key], dim=2), torch.cat([past_kv[1], value], dim=2)
@@ -204,21 +214,33 @@ class QueryExtensionHead(HeadMixin, nn.Module):
 
 
 class LlamaQueryExtensionHead(QueryExtensionHead):
+    """The query-extension head of Llama-family layers (Mistral, Qwen2 and Qwen3 below differ slightly)."""
+
+    mlp_class = LlamaMLP  # the architecture's own MLP (each reads its own config fields)
+
+    @staticmethod
+    def projection_biases(config):
+        """(q/k/v bias, o bias) of the architecture's attention."""
+        bias = getattr(config, "attention_bias", False)  # Mistral has no such field: never biased
+        return bias, bias
+
     def __init__(self, config):
-        head_dim = config.head_dim
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        bias, o_bias = self.projection_biases(config)
         super().__init__(
             hidden_size=config.hidden_size,
             num_attention_heads=config.num_attention_heads,
             num_key_value_heads=config.num_key_value_heads,
             head_dim=head_dim,
-            bias=config.attention_bias,
+            bias=bias,
+            o_bias=o_bias,
             share_kv=config.head_share_kv,
             use_token=config.head_reads_next_token,
         )
         self.scaling = head_dim**-0.5
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = self.mlp_class(config)
 
     def rotate(self, query, key, position_embeddings):
         cos, sin = position_embeddings
@@ -231,8 +253,10 @@ class LlamaQueryExtensionHead(QueryExtensionHead):
         attn = layer.self_attn
         shape = (*hidden.shape[:-1], -1, attn.head_dim)
         normed = layer.input_layernorm(hidden)
-        key = attn.k_proj(normed).view(shape).transpose(1, 2)
-        value = attn.v_proj(normed).view(shape).transpose(1, 2)
+        key = attn.k_proj(normed).view(shape)
+        if getattr(attn, "k_norm", None) is not None:  # Qwen3 norms each key head before the rotation
+            key = attn.k_norm(key)
+        key, value = key.transpose(1, 2), attn.v_proj(normed).view(shape).transpose(1, 2)
         cos, sin = position_embeddings
         return apply_rotary_pos_emb(key, key, cos, sin)[1], value
 
@@ -247,7 +271,33 @@ class LlamaQueryExtensionHead(QueryExtensionHead):
         self.input_layernorm.load_state_dict(layer.input_layernorm.state_dict())
         self.post_attention_layernorm.load_state_dict(layer.post_attention_layernorm.state_dict())
         self.mlp.load_state_dict(layer.mlp.state_dict())
+        for norm in ("q_norm", "k_norm"):  # Qwen3's per-head norms, where this head has them
+            if getattr(self, norm, None) is not None:
+                getattr(self, norm).load_state_dict(getattr(attn, norm).state_dict())
         self._reset_token_fc()
+
+
+class MistralQueryExtensionHead(LlamaQueryExtensionHead):
+    mlp_class = MistralMLP
+
+
+class Qwen2QueryExtensionHead(LlamaQueryExtensionHead):
+    mlp_class = Qwen2MLP
+
+    @staticmethod
+    def projection_biases(config):
+        return True, False  # main diff with Llama: q, k and v are biased, o is not
+
+
+class Qwen3QueryExtensionHead(LlamaQueryExtensionHead):
+    mlp_class = Qwen3MLP
+
+    def __init__(self, config):
+        super().__init__(config)
+        # main diff with Llama: each query (and key) head is RMS-normed before the rotation
+        self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        if not self.share_kv:
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
 
 class GPT2QueryExtensionHead(QueryExtensionHead):

@@ -14,16 +14,23 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GPT2LMHeadModel, LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .configuration_multi_token import MultiTokenGPT2Config, MultiTokenLlamaConfig
+from .configuration_multi_token import (
+    MultiTokenGPT2Config,
+    MultiTokenLlamaConfig,
+    MultiTokenMistralConfig,
+    MultiTokenQwen2Config,
+    MultiTokenQwen3Config,
+)
 from .generation_cache import cache_layer_keys_values
 from .generation_draft_sources import DATASTORE_EMPTY_KEY
 from .generation_mixin import MultiTokenGenerationMixin
+from .modeling_draft_tables import DraftTablesMixin
 from .modeling_architectures import ARCHITECTURES, Architecture
 from .modeling_heads import HEAD_CLASSES, head_attention_mask
 from .modeling_losses import multi_token_loss
@@ -47,7 +54,7 @@ class MultiTokenCausalLMOutput(CausalLMOutputWithPast):
     head_losses: torch.FloatTensor | None = None
 
 
-class MultiTokenPredictionMixin(MultiTokenGenerationMixin):
+class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
     """What the Llama and GPT-2 classes share. Each names its entry of the architecture table (`architecture`)."""
 
     architecture: Architecture  # its entry of modeling_architectures.ARCHITECTURES
@@ -83,47 +90,6 @@ class MultiTokenPredictionMixin(MultiTokenGenerationMixin):
             size, length = config.draft_datastore_size, config.num_heads - 1
             self.mtp_heads.register_buffer("datastore_keys", torch.full((size,), DATASTORE_EMPTY_KEY))
             self.mtp_heads.register_buffer("datastore_tokens", torch.zeros((size, length), dtype=torch.long))
-
-    def set_draft_vocabulary(self, token_ids):
-        """Draft over these token ids only (`config.draft_vocab_size` of them)."""
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.lm_head.weight.device)
-        if token_ids.shape != (self.config.draft_vocab_size,):
-            raise ValueError(f"Expected {self.config.draft_vocab_size} draft token ids, got shape {tuple(token_ids.shape)}.")
-        self.mtp_heads.draft_token_ids.copy_(token_ids)
-
-    def set_draft_datastore(self, keys, tokens):
-        """Fill the draft datastore: `keys` [M] (sorted `datastore_key`s of 3-token contexts, M at most
-        `config.draft_datastore_size`) and `tokens` [M, num_heads - 1] (what followed each). Unused entries stay empty."""
-        size, length = self.config.draft_datastore_size or 0, self.config.num_heads - 1
-        keys, tokens = torch.as_tensor(keys, dtype=torch.long), torch.as_tensor(tokens, dtype=torch.long)
-        if keys.ndim != 1 or keys.shape[0] > size or tokens.shape != (keys.shape[0], length):
-            raise ValueError(
-                f"A draft datastore of {tuple(keys.shape)} keys and {tuple(tokens.shape)} tokens does not fit this "
-                f"model: it holds at most draft_datastore_size={self.config.draft_datastore_size} entries of "
-                f"num_heads - 1 = {length} tokens."
-            )
-        unsorted = (keys[1:] <= keys[:-1]).nonzero()
-        if unsorted.shape[0]:
-            position = int(unsorted[0, 0]) + 1
-            raise ValueError(f"Draft datastore key {position} ({int(keys[position])}) is not above the one before it: keys "
-                             "must be sorted and unique; build them with build_draft_datastore.")
-        self.mtp_heads.datastore_keys.fill_(DATASTORE_EMPTY_KEY)
-        self.mtp_heads.datastore_tokens.zero_()
-        self.mtp_heads.datastore_keys[: keys.shape[0]] = keys.to(self.mtp_heads.datastore_keys.device)
-        self.mtp_heads.datastore_tokens[: keys.shape[0]] = tokens.to(self.mtp_heads.datastore_tokens.device)
-
-    def draft_datastore(self):
-        """(keys [M], tokens [M, num_heads - 1]) of the draft datastore, or None without one."""
-        if self.config.draft_datastore_size is None:
-            return None
-        return self.mtp_heads.datastore_keys, self.mtp_heads.datastore_tokens
-
-    def draft_unembedding(self):
-        """(weight [N, H], token ids [N]) of the drafting vocabulary; (lm_head weight, None) for the full one."""
-        if self.config.draft_vocab_size is None:
-            return self.lm_head.weight, None
-        ids = self.mtp_heads.draft_token_ids
-        return self.lm_head.weight.index_select(0, ids), ids
 
     @torch.no_grad()
     def reset_heads(self):
@@ -362,9 +328,8 @@ _FORWARD_DOC = r"""
 """
 
 
-class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
-    config_class = MultiTokenLlamaConfig
-    architecture = ARCHITECTURES["llama"]
+class LlamaFamilyForward:
+    """The forward of `LlamaForCausalLM`, which Mistral, Qwen2 and Qwen3 share argument for argument."""
 
     # The signature is LlamaForCausalLM.forward's, plus `output_head_logits`.
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -382,6 +347,26 @@ class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaForCausalLM):
         )
 
     forward.__doc__ = _FORWARD_DOC
+
+
+class LlamaForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward, LlamaForCausalLM):
+    config_class = MultiTokenLlamaConfig
+    architecture = ARCHITECTURES["llama"]
+
+
+class MistralForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward, MistralForCausalLM):
+    config_class = MultiTokenMistralConfig
+    architecture = ARCHITECTURES["mistral"]
+
+
+class Qwen2ForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward, Qwen2ForCausalLM):
+    config_class = MultiTokenQwen2Config
+    architecture = ARCHITECTURES["qwen2"]
+
+
+class Qwen3ForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward, Qwen3ForCausalLM):
+    config_class = MultiTokenQwen3Config
+    architecture = ARCHITECTURES["qwen3"]
 
 
 class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
@@ -419,10 +404,16 @@ class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
 
 
 # `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
-MultiTokenLlamaConfig.register_for_auto_class()
-MultiTokenGPT2Config.register_for_auto_class()
-LlamaForMultiTokenPrediction.register_for_auto_class("AutoModelForCausalLM")
-GPT2ForMultiTokenPrediction.register_for_auto_class("AutoModelForCausalLM")
+for _model_class in (LlamaForMultiTokenPrediction, GPT2ForMultiTokenPrediction, MistralForMultiTokenPrediction,
+                     Qwen2ForMultiTokenPrediction, Qwen3ForMultiTokenPrediction):
+    _model_class.config_class.register_for_auto_class()
+    _model_class.register_for_auto_class("AutoModelForCausalLM")
 
 # base causal-LM class -> its multi-token class (convert() reads this; the architecture table says where the parts are)
-MULTI_TOKEN_CLASSES = {LlamaForCausalLM: LlamaForMultiTokenPrediction, GPT2LMHeadModel: GPT2ForMultiTokenPrediction}
+MULTI_TOKEN_CLASSES = {
+    LlamaForCausalLM: LlamaForMultiTokenPrediction,
+    GPT2LMHeadModel: GPT2ForMultiTokenPrediction,
+    MistralForCausalLM: MistralForMultiTokenPrediction,
+    Qwen2ForCausalLM: Qwen2ForMultiTokenPrediction,
+    Qwen3ForCausalLM: Qwen3ForMultiTokenPrediction,
+}

@@ -1,0 +1,105 @@
+"""What sets the Llama family's other members apart: Mistral's sliding window, and the error for the rest.
+
+Conversion, the heads, the parity matrix, portability, training and transformers' own suites run on every
+architecture (conftest.ALL_ARCHS) in their own files; this file holds what only some architectures have.
+"""
+
+import pytest
+import torch
+from conftest import VOCAB, tiny_base
+from transformers import MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM
+from transformers.cache_utils import DynamicCache, StaticCache
+
+import transformers_mtp
+
+
+def mistral(window, head_type="query_extension", **extra):
+    torch.manual_seed(0)
+    config = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, max_position_embeddings=256,
+                           bos_token_id=0, eos_token_id=1, pad_token_id=2, sliding_window=window)
+    return transformers_mtp.convert(MistralForCausalLM(config).eval(), num_heads=4, head_type=head_type, **extra)
+
+
+PROMPT = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+MASK = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree", "batch", "sample"])
+def test_sliding_window_model_within_its_window_is_greedy(mode):
+    """max_length == the window (one row), or the window holds a batch's gaps too: no cached position is a window
+    away from another, so the sliding layers become full ones that can be rolled back, and the output is plain
+    generate()'s (which keeps its sliding cache)."""
+    model = mistral(16 + 3 * 10 + 4 if mode == "batch" else 16)  # a batch: max_length + (k - 1) x new + k
+    prompt = PROMPT if mode == "batch" else PROMPT[1:]
+    kwargs = {"attention_mask": MASK} if mode == "batch" else {}
+    if mode == "tree":
+        kwargs["draft_tree_size"] = 6
+    if mode == "sample":  # at a temperature near 0 sampling is greedy, and so is speculative sampling
+        kwargs.update(do_sample=True, temperature=1e-4, top_k=0)
+    plain = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=2,
+                           **{k: v for k, v in kwargs.items() if k == "attention_mask"})
+    out = model.generate(prompt, max_new_tokens=10, pad_token_id=2, multi_token_mode=True,
+                         return_dict_in_generate=True, **{"do_sample": False, **kwargs})
+    assert torch.equal(out.sequences, plain)
+    assert out.multi_token_stats.forward_passes > 1
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_text_longer_than_the_window_raises(tree):
+    """Past the window a sliding layer drops positions that a rejected draft needs back (and a tree mask would have
+    to apply the window): refused, naming the window and max_length."""
+    model = mistral(8)
+    with pytest.raises(ValueError, match=r"sliding_window=8.*max_length=16"):
+        model.generate(PROMPT[1:], max_new_tokens=10, do_sample=False, multi_token_mode=True, draft_tree_size=tree)
+    plain = model.generate(PROMPT[1:], max_new_tokens=10, do_sample=False)  # plain decoding is unaffected
+    assert plain.shape == (1, 16)
+
+
+def test_batch_whose_gaps_could_pass_the_window_raises():
+    """Rows of a batch accept different numbers of drafts and leave masked gaps in the shared cache, and the window
+    counts cache positions: a batch needs room for the gaps too."""
+    model = mistral(16)
+    with pytest.raises(ValueError, match=r"For a batch .* 50 here"):
+        model.generate(PROMPT, attention_mask=MASK, max_new_tokens=10, do_sample=False, pad_token_id=2,
+                       multi_token_mode=True)
+    out = model.generate(PROMPT[1:], max_new_tokens=10, do_sample=False, multi_token_mode=True)  # one row fits
+    assert torch.equal(out, model.generate(PROMPT[1:], max_new_tokens=10, do_sample=False))
+
+
+def test_a_cache_that_dropped_positions_raises():
+    model = mistral(8)
+    cache = DynamicCache(config=model.config)
+    text = torch.randint(3, VOCAB, (1, 12))
+    model(text, cache=cache, use_cache=True)  # 12 positions through an 8-token window: the first ones are gone
+    with pytest.raises(ValueError, match="cannot roll back this sliding-window cache"):
+        model.generate(torch.cat([text, text[:, :1]], 1), past_key_values=cache, max_new_tokens=2, do_sample=False,
+                       multi_token_mode=True)
+
+
+def test_static_cache_larger_than_the_window_raises():
+    model = mistral(8)
+    cache = StaticCache(config=model.config, max_cache_len=32)  # its sliding layers wrap around past 8 positions
+    with pytest.raises(ValueError, match="cannot roll back this sliding-window cache"):
+        model.generate(PROMPT[1:], past_key_values=cache, max_new_tokens=4, do_sample=False, multi_token_mode=True)
+
+
+def test_unsupported_architecture_error_lists_the_supported_ones():
+    opt = OPTForCausalLM(OPTConfig(hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
+                                   vocab_size=50, word_embed_proj_dim=16))
+    with pytest.raises(ValueError) as error:
+        transformers_mtp.convert(opt)
+    for name in ("LlamaForCausalLM", "GPT2LMHeadModel", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        assert name in str(error.value)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+def test_auto_classes_resolve_the_new_configs(arch, tmp_path):
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    model = transformers_mtp.convert(tiny_base(arch), num_heads=3, head_type="resblock")
+    model.save_pretrained(tmp_path / "m")
+    config = AutoConfig.from_pretrained(tmp_path / "m")
+    assert type(config) is type(model.config) and config.num_heads == 3
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "m")) is type(model)
+    assert type(AutoModel.from_pretrained(tmp_path / "m")) is type(model)
