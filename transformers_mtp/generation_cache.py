@@ -32,16 +32,18 @@ def is_static_cache(cache):
     return bool(getattr(cache, "is_compileable", False))
 
 
-def unslide_within_window(cache, num_positions):
+def unslide_within_window(cache, num_positions=None):
     """
-    Make the sliding-window layers of a dynamic `cache` full-attention layers where that changes nothing: when the
-    decoding fills at most `num_positions` <= the window (so no cached position is ever a window away from another,
-    and transformers' window, which counts cache positions, never binds) and the layer has dropped nothing yet. Such a
-    layer then holds the same keys and values and can be rolled back past any rejected draft (transformers still
-    applies the window when it builds the mask, from the model's config). In place; other layers stay.
+    Make the sliding-window layers of a dynamic `cache` full-attention layers that keep every position, so that a
+    rejected draft can be rolled back; transformers still applies the window when it builds the mask (from the
+    model's config, over cache positions). Only a layer that has dropped nothing yet, and, where the decoding's cache
+    positions are not its text positions (`num_positions`: see `cache_positions_needed`), only when the window spans
+    all of them. Costs the memory of a full layer past the window. In place; other layers stay.
     """
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
-        if not isinstance(layer, DynamicSlidingWindowLayer) or num_positions > layer.sliding_window:
+        if not isinstance(layer, DynamicSlidingWindowLayer):
+            continue
+        if num_positions is not None and num_positions > layer.sliding_window:
             continue
         if layer.is_initialized and layer.cumulative_length != layer.keys.shape[-2]:
             continue  # it dropped positions already

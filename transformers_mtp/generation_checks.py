@@ -23,6 +23,11 @@ def draft_tree_unsupported(model, generation_config, batch_size, verify, cache=N
     if is_static_cache(cache):
         # a tree's nodes are cached past the accepted path before it is known; a static cache has no room for them
         return f"a dynamic cache (got {type(cache).__name__}, e.g. from cache_implementation='static')"
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and generation_config.max_length > window:
+        # the tree's attention mask is built here, not by transformers, and does not apply the window
+        return (f"a text within the model's sliding window (sliding_window={window}, max_length="
+                f"{generation_config.max_length})")
     return None
 
 
@@ -40,15 +45,18 @@ def check_supported(model, input_ids, generation_config, model_kwargs, *, verify
         )
     if layers_that_cannot_roll_back(cache):
         window = getattr(model.config, "sliding_window", None)
-        batch_note = (" For a batch the cache also holds the gaps that rows accepting fewer drafts leave, so it needs "
-                      "max_length + (num_predict_heads - 1) x max_new_tokens + num_predict_heads positions, "
-                      f"{num_positions} here." if batch_size > 1 else "")
+        if batch_size > 1:
+            need = (f"a batch decodes while the window spans every cache position it may fill: rows that accept "
+                    "fewer drafts leave gaps, so max_length + (num_predict_heads - 1) x max_new_tokens + "
+                    f"num_predict_heads = {num_positions} here (max_length={generation_config.max_length}). Pass one "
+                    "prompt at a time (one row decodes at any length), shorten the text, or drop multi_token_mode.")
+        else:
+            need = ("one sequence decodes at any length with a dynamic cache that has dropped nothing yet (a static "
+                    "cache: one no longer than the window). Start from an empty or shorter cache, or drop "
+                    "multi_token_mode.")
         raise ValueError(
             f"multi_token_mode cannot roll back this sliding-window cache ({type(cache).__name__}, sliding_window="
-            f"{window}): it drops positions that a rejected draft would need back. Sliding-window models decode when "
-            f"the whole text fits in the window (max_length={generation_config.max_length} here, prompt + "
-            f"max_new_tokens) and the cache has dropped nothing yet.{batch_note} Shorten the text, pass one prompt "
-            "at a time, or drop multi_token_mode."
+            f"{window}): it drops positions that a rejected draft would need back. A sliding-window model: {need}"
         )
     if generation_config.num_beams > 1:
         raise ValueError(
@@ -95,11 +103,13 @@ def check_supported(model, input_ids, generation_config, model_kwargs, *, verify
 
 def cache_positions_needed(input_ids, max_length, options):
     """
-    The most cache positions a decoding may fill. One row: `max_length` (rejected drafts are cropped each step, and a
-    verify pass never reaches past max_length). A batch: rows accept different numbers of drafts and the cache keeps
-    the longest row's, so each step may leave up to num_predict_heads - 1 masked gaps in the others.
+    How many cache positions a sliding window must span for it to count what it counts in plain decoding, or None
+    when any window does. transformers applies a window over cache positions. One row: its cache positions are its
+    text positions, as in plain decoding (rejected drafts are cropped every step), so any window works (None). A
+    batch: rows accept different numbers of drafts and the cache keeps the longest row's, so each step may leave up
+    to num_predict_heads - 1 masked gaps in the others; the window then must not bind at all.
     """
     if input_ids.shape[0] == 1:
-        return max_length
+        return None
     k = options.num_predict_heads
     return max_length + (k - 1) * (max_length - input_ids.shape[1]) + k
