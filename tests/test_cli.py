@@ -11,7 +11,7 @@ from transformers_mtp.cli import build_parser, main
 from transformers_mtp.presets import PRESET_DIR, load_preset
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen3"])
 def test_convert_command_writes_a_loadable_checkpoint_with_card(arch, tmp_path):
     base = tiny_base(arch)
     base.save_pretrained(tmp_path / "base")
@@ -27,6 +27,22 @@ def test_convert_command_writes_a_loadable_checkpoint_with_card(arch, tmp_path):
     assert {"custom_code", "multi-token-prediction"} <= set(card.data.tags) and card.data.license == "mit"
     assert card.data.base_model and "multi_token_mode=True" in card.text and "trust_remote_code=True" in card.text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".converted")]  # no staging folder left
+    # a bare weights folder brings no tokenizer, and none is made up (transformers builds an empty one for Qwen)
+    assert not [p.name for p in out.iterdir() if p.name.startswith(("tokenizer", "vocab"))]
+
+
+def test_convert_command_keeps_the_base_folders_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tiny_base("qwen2").save_pretrained(tmp_path / "base")
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))).save_pretrained(
+        tmp_path / "base")
+    assert main(["convert", "--base", str(tmp_path / "base"), "--output-dir", str(tmp_path / "out")]) == 0
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").vocab_size == VOCAB  # the base folder's own vocabulary
 
 
 def test_convert_refuses_to_overwrite_without_flag(tmp_path, capsys):

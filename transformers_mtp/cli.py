@@ -7,8 +7,11 @@ Errors print as one line that says what to do; set TRANSFORMERS_MTP_DEBUG=1 for 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 DEBUG_ENV = "TRANSFORMERS_MTP_DEBUG"
+# files a saved tokenizer leaves in its folder (any one of them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 DEMO_PROMPTS = [
     ("code", "Write a Python function that checks whether a string is a palindrome."),
@@ -60,10 +63,14 @@ def cmd_convert(args):
 
         base = transformers_mtp.load_base_model(source)
         base_model, license = base.config.name_or_path or str(source), args.license
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        except (OSError, ValueError):
-            tokenizer = None  # a bare weights folder: the user brings the tokenizer
+        tokenizer = None  # a bare weights folder: the user brings the tokenizer
+        # Only a folder with tokenizer files: for some model types (Qwen2, Qwen3) transformers builds an empty
+        # one-token tokenizer from a bare folder, which would be saved beside the weights.
+        if Path(source).is_file() or any((Path(source) / name).exists() for name in TOKENIZER_FILES):
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            except (OSError, ValueError):
+                tokenizer = None
     model = transformers_mtp.convert(base, **settings)
     card = render_model_card(model, base_model=base_model, license=license)
     save_atomically(model, args.output_dir, tokenizer=tokenizer, model_card=card, overwrite=args.overwrite)
