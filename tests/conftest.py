@@ -14,6 +14,8 @@ import importlib.util  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -30,7 +32,7 @@ import transformers_mtp  # noqa: E402
 
 VOCAB = 99
 ARCHS = ("llama", "gpt2")  # the generic tests' architectures
-LLAMA_FAMILY = ("mistral", "qwen2", "qwen3")  # Llama-shaped, each with what differs for the heads
+LLAMA_FAMILY = ("mistral", "qwen2", "qwen3", "gemma2")  # Llama-shaped, each with what differs for the heads
 ALL_ARCHS = ARCHS + LLAMA_FAMILY  # the conversion, portability, parity and transformers-suite tests run on all
 _LLAMA_SHAPED = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
@@ -38,6 +40,10 @@ _LLAMA_SHAPED = {
     "mistral": (MistralConfig, MistralForCausalLM, {"head_dim": 8}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # biased q/k/v projections
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 8}),  # per-head q_norm / k_norm
+    # soft-caps small enough to bite on a tiny model's logits (the defaults, 30 and 50, would be near the identity),
+    # and a window wider than any test text (the default 4096 alternates sliding and full layers)
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 8, "final_logit_softcapping": 0.5,
+                                                 "attn_logit_softcapping": 0.5, "query_pre_attn_scalar": 8}),
 }
 # (head_type, extra config) covering every head design the config offers
 HEAD_SETUPS = [
@@ -72,6 +78,10 @@ def tiny_base(arch, seed=0):
                 if arch == "qwen2":
                     for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
                         proj.bias.normal_(0, 0.5)
+                if arch == "gemma2":  # its norms scale by 1 + weight, and the weights start at 0
+                    for norm in (layer.input_layernorm, layer.post_attention_layernorm,
+                                 layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm):
+                        norm.weight.uniform_(-0.5, 0.5)
     elif arch == "gpt2":
         config = GPT2Config(
             n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=256, bos_token_id=0, eos_token_id=1,

@@ -1,4 +1,5 @@
-"""What sets the Llama family's other members apart: Mistral's sliding window, and the error for the rest.
+"""What sets the Llama family's other members apart: Mistral's and Gemma 2's sliding windows, and the error for the
+rest.
 
 Conversion, the heads, the parity matrix, portability, training and transformers' own suites run on every
 architecture (conftest.ALL_ARCHS) in their own files; this file holds what only some architectures have.
@@ -7,18 +8,21 @@ architecture (conftest.ALL_ARCHS) in their own files; this file holds what only 
 import pytest
 import torch
 from conftest import VOCAB, tiny_base
-from transformers import MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM
 from transformers.cache_utils import DynamicCache, StaticCache
 
 import transformers_mtp
 
 
-def mistral(window, head_type="query_extension", **extra):
+def mistral(window, head_type="query_extension", arch="mistral", **extra):
+    """A tiny Mistral (every layer sliding) or Gemma 2 (sliding and full layers alternate) with this window."""
     torch.manual_seed(0)
-    config = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, max_position_embeddings=256,
-                           bos_token_id=0, eos_token_id=1, pad_token_id=2, sliding_window=window)
-    return transformers_mtp.convert(MistralForCausalLM(config).eval(), num_heads=4, head_type=head_type, **extra)
+    config_class, model_class = (MistralConfig, MistralForCausalLM) if arch == "mistral" else (Gemma2Config,
+                                                                                              Gemma2ForCausalLM)
+    config = config_class(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, max_position_embeddings=256,
+                          bos_token_id=0, eos_token_id=1, pad_token_id=2, sliding_window=window)
+    return transformers_mtp.convert(model_class(config).eval(), num_heads=4, head_type=head_type, **extra)
 
 
 PROMPT = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
@@ -45,15 +49,16 @@ def test_sliding_window_model_within_its_window_is_greedy(mode):
     assert out.multi_token_stats.forward_passes > 1
 
 
-def test_one_sequence_past_the_window_is_greedy(monkeypatch):
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_one_sequence_past_the_window_is_greedy(arch, monkeypatch):
     """One row decodes at any length: its sliding layers keep every position (so rejected drafts roll back) and
     transformers' mask applies the window. The drafts are oracle continuations with errors, so rollbacks happen."""
     from test_generation import OracleDrafts, use_drafts
 
-    model, prompt = mistral(8), PROMPT[1:]
+    model, prompt = mistral(8, arch=arch), PROMPT[1:]
     plain = model.generate(prompt, max_new_tokens=24, do_sample=False)
-    # the window matters for this text: without it the same weights say something else
-    assert not torch.equal(mistral(None).generate(prompt, max_new_tokens=24, do_sample=False), plain)
+    # the window matters for this text: with a window past its end the same weights say something else
+    assert not torch.equal(mistral(64, arch=arch).generate(prompt, max_new_tokens=24, do_sample=False), plain)
     use_drafts(monkeypatch, OracleDrafts(plain, 0.3, seed=1))
     out = model.generate(prompt, max_new_tokens=24, do_sample=False, multi_token_mode=True,
                          return_dict_in_generate=True)
@@ -101,11 +106,12 @@ def test_unsupported_architecture_error_lists_the_supported_ones():
                                    vocab_size=50, word_embed_proj_dim=16))
     with pytest.raises(ValueError) as error:
         transformers_mtp.convert(opt)
-    for name in ("LlamaForCausalLM", "GPT2LMHeadModel", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for name in ("LlamaForCausalLM", "GPT2LMHeadModel", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Gemma2ForCausalLM"):
         assert name in str(error.value)
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "gemma2"])
 def test_auto_classes_resolve_the_new_configs(arch, tmp_path):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 

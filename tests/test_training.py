@@ -42,7 +42,8 @@ SETUPS = [("llama", "resblock", {}), ("gpt2", "linear", {}), ("llama", "resblock
           # the Llama family: each architecture's own query-extension head under PEFT LoRA
           ("mistral", "query_extension", {"head_input": "feature_and_token", "head_rank": 8}),
           ("qwen2", "query_extension", {"head_share_kv": False, "head_rank": 8}),
-          ("qwen3", "query_extension", {"head_input": "sequential", "head_rank": 8})]
+          ("qwen3", "query_extension", {"head_input": "sequential", "head_rank": 8}),
+          ("gemma2", "query_extension", {"head_input": "feature_and_token", "head_rank": 8, "draft_vocab_size": 40})]
 
 
 @pytest.mark.parametrize("arch,head_type,extra", SETUPS, ids=[f"{a}-{h}-{len(e)}" for a, h, e in SETUPS])

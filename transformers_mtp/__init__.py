@@ -7,6 +7,7 @@ Importing the package registers the configs with AutoConfig and the models with 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_multi_token import (
+    MultiTokenGemma2Config,
     MultiTokenGPT2Config,
     MultiTokenLlamaConfig,
     MultiTokenMistralConfig,
@@ -20,6 +21,7 @@ from .hub import push_to_hub
 from .modeling_losses import multi_token_loss
 from .modeling_multi_token import (
     MULTI_TOKEN_CLASSES,
+    Gemma2ForMultiTokenPrediction,
     GPT2ForMultiTokenPrediction,
     LlamaForMultiTokenPrediction,
     MistralForMultiTokenPrediction,
@@ -38,10 +40,12 @@ for _model in MULTI_TOKEN_CLASSES.values():
 
 __all__ = [
     "GPT2ForMultiTokenPrediction",
+    "Gemma2ForMultiTokenPrediction",
     "LlamaForMultiTokenPrediction",
     "MistralForMultiTokenPrediction",
     "MultiTokenCausalLMOutput",
     "MultiTokenGPT2Config",
+    "MultiTokenGemma2Config",
     "MultiTokenGenerateOutput",
     "MultiTokenLlamaConfig",
     "MultiTokenMistralConfig",

@@ -9,7 +9,7 @@ is not installed.
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
-from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import Gemma2Config, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 HEAD_TYPES = ("linear", "resblock", "query_extension")
 HEAD_INPUTS = ("feature", "feature_and_token", "sequential")
@@ -165,3 +165,13 @@ class MultiTokenMistralConfig(MultiTokenConfigMixin, MistralConfig):
     """
 
     model_type = "multi_token_mistral"
+
+
+@strict
+class MultiTokenGemma2Config(MultiTokenConfigMixin, Gemma2Config):
+    r"""
+    Configuration of [`Gemma2ForMultiTokenPrediction`]: a [`Gemma2Config`] plus the multi-token fields documented in
+    [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_gemma2"

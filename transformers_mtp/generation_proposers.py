@@ -162,7 +162,7 @@ class HeadProposer(DraftProposer):
             nonlocal chosen_slots
             chosen_slots = slot + 1
             if logits is None:
-                logits = states[:, 0] @ self.draft_weight.T  # [B, V_draft]
+                logits = self.model.unembed(states[:, 0], self.draft_weight)  # [B, V_draft]
             chosen = []
             for i, from_context in enumerate(contexts):
                 if slot < from_context.shape[0]:
@@ -198,7 +198,7 @@ class HeadProposer(DraftProposer):
         else:  # independent heads: one unembedding multiply for all of them, then choose in order
             if states.shape[1] != 1:
                 states = _at_positions(states, verified.last)
-            logits = states[:, 0] @ self.draft_weight.T  # [B, width, V_draft]
+            logits = self.model.unembed(states[:, 0], self.draft_weight)  # [B, width, V_draft]
             for slot in range(logits.shape[1]):
                 if choose_token(slot, logits=logits[:, slot]) is None:
                     break
@@ -231,7 +231,7 @@ class HeadProposer(DraftProposer):
             key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1,
         )
         # states: [1, 1, depth, H] -> probs: [depth, V_draft]
-        probs = torch.softmax((states[0, 0] @ self.draft_weight.T).float(), dim=-1)
+        probs = torch.softmax(self.model.unembed(states[0, 0], self.draft_weight).float(), dim=-1)
         top_probs, top_index = probs.topk(min(DRAFT_TREE_BRANCHING, probs.shape[-1]), dim=-1)
         top_tokens = self.draft_ids[top_index] if self.draft_ids is not None else top_index
         return grow_draft_tree(tree, top_tokens.tolist(), top_probs.tolist(), size=size, threshold=self.threshold)

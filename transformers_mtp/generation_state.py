@@ -148,7 +148,7 @@ class DecodingState:
             tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
         )
         self.stats.forward_passes += 1
-        return self.model.lm_head(normed[:, -1:] if last_logits_only else normed), normed, layer_input
+        return self.model.unembed(normed[:, -1:] if last_logits_only else normed), normed, layer_input
 
     def forward_tree(self, tree):
         """One trunk pass over every node of `tree`, each at its depth's position and seeing only its ancestors.
@@ -162,7 +162,7 @@ class DecodingState:
             cache=self.cache, use_cache=True,
         )
         self.stats.forward_passes += 1
-        return self.model.lm_head(normed)[0], normed, layer_input
+        return self.model.unembed(normed)[0], normed, layer_input
 
     # --- scores ------------------------------------------------------------------------------------------------------
     def processed(self, row, prefix, scores):

@@ -12,6 +12,7 @@ and `from .module import Name`.
 from dataclasses import dataclass
 
 from .modeling_heads import (
+    Gemma2QueryExtensionHead,
     GPT2QueryExtensionHead,
     LlamaQueryExtensionHead,
     MistralQueryExtensionHead,
@@ -49,6 +50,8 @@ ARCHITECTURES = {
     "mistral": Architecture(**_LLAMA_PARTS, query_extension_head=MistralQueryExtensionHead),
     "qwen2": Architecture(**_LLAMA_PARTS, query_extension_head=Qwen2QueryExtensionHead),
     "qwen3": Architecture(**_LLAMA_PARTS, query_extension_head=Qwen3QueryExtensionHead),
+    # Gemma 2's embedding module scales its output itself, and its logits are soft-capped (model.unembed)
+    "gemma2": Architecture(**_LLAMA_PARTS, query_extension_head=Gemma2QueryExtensionHead),
     # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding
     "gpt2": Architecture(trunk="transformer", layers="h", final_norm="ln_f", embed_tokens="wte", rotary=None,
                          query_extension_head=GPT2QueryExtensionHead),

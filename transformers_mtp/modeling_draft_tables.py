@@ -50,6 +50,18 @@ class DraftTablesMixin:
             return None
         return self.mtp_heads.datastore_keys, self.mtp_heads.datastore_tokens
 
+    def unembed(self, hidden, weight=None):
+        """Logits from final-normed states [..., H]: the unembedding (or `weight`'s rows [N, H], e.g. the draft
+        vocabulary's), soft-capped as the architecture's own forward caps them (Gemma 2's `final_logit_softcapping`),
+        so that logits processors and sampling see what plain decoding sees."""
+        logits = self.lm_head(hidden) if weight is None else hidden @ weight.T
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap is not None:  # as Gemma2ForCausalLM.forward computes it, op for op
+            logits = logits / cap
+            logits = torch.tanh(logits)
+            logits = logits * cap
+        return logits
+
     def draft_unembedding(self):
         """(weight [N, H], token ids [N]) of the drafting vocabulary; (lm_head weight, None) for the full one."""
         if self.config.draft_vocab_size is None:

@@ -10,6 +10,7 @@ Copied next to the weights by `save_pretrained`: imports only torch, transformer
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP, Gemma2RMSNorm
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 from transformers.models.mistral.modeling_mistral import MistralMLP
@@ -206,17 +207,24 @@ class QueryExtensionHead(HeadMixin, nn.Module):
         groups = self.num_attention_heads // self.num_key_value_heads
         if groups > 1:  # grouped-query attention: repeat each key/value head for its query heads
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        attn = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=self.scaling)
-        attn = attn.transpose(1, 2).reshape(batch, q_len, -1)
-        hidden = residual + self.o_proj(attn)
-        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return hidden, new_kv
+        attn = self.attend(query, key, value, attn_mask).transpose(1, 2).reshape(batch, q_len, -1)
+        return self.block_output(residual, self.o_proj(attn)), new_kv
+
+    def attend(self, query, key, value, attn_mask):
+        """Scaled dot-product attention [B, nH, Tq, D] (attn_mask: bool, True = attend, or None)."""
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=self.scaling)
+
+    def block_output(self, residual, attn_out):
+        """The layer's output from its input and the attention's projected output (pre-norm residual blocks)."""
+        hidden = residual + attn_out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class LlamaQueryExtensionHead(QueryExtensionHead):
     """The query-extension head of Llama-family layers (Mistral, Qwen2 and Qwen3 below differ slightly)."""
 
     mlp_class = LlamaMLP  # the architecture's own MLP (each reads its own config fields)
+    norm_class = LlamaRMSNorm
 
     @staticmethod
     def projection_biases(config):
@@ -238,8 +246,8 @@ class LlamaQueryExtensionHead(QueryExtensionHead):
             use_token=config.head_reads_next_token,
         )
         self.scaling = head_dim**-0.5
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = self.mlp_class(config)
 
     def rotate(self, query, key, position_embeddings):
@@ -298,6 +306,42 @@ class Qwen3QueryExtensionHead(LlamaQueryExtensionHead):
         self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         if not self.share_kv:
             self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+
+class Gemma2QueryExtensionHead(LlamaQueryExtensionHead):
+    """Gemma 2's layer: `(1 + weight)` RMSNorms, the attention's output and the MLP's normed on both sides, queries
+    scaled by `query_pre_attn_scalar`, attention logits soft-capped (which SDPA cannot do, so attention is eager)."""
+
+    mlp_class = Gemma2MLP
+    norm_class = Gemma2RMSNorm
+
+    def __init__(self, config):
+        super().__init__(config)
+        # main diff with Llama: norms around the MLP, the query scale and the attention soft-cap
+        self.pre_feedforward_layernorm = Gemma2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_feedforward_layernorm = Gemma2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.scaling = config.query_pre_attn_scalar**-0.5
+        self.softcap = config.attn_logit_softcapping
+
+    def attend(self, query, key, value, attn_mask):
+        # as transformers' Gemma 2 eager attention: scale, soft-cap, mask, softmax in fp32
+        weights = query @ key.transpose(2, 3) * self.scaling
+        if self.softcap is not None:
+            weights = torch.tanh(weights / self.softcap) * self.softcap
+        if attn_mask is not None:
+            weights = weights.masked_fill(~attn_mask, torch.finfo(weights.dtype).min)
+        weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        return weights @ value
+
+    def block_output(self, residual, attn_out):
+        hidden = residual + self.post_attention_layernorm(attn_out)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+
+    @torch.no_grad()
+    def copy_from_base_layer(self, layer):
+        super().copy_from_base_layer(layer)
+        self.pre_feedforward_layernorm.load_state_dict(layer.pre_feedforward_layernorm.state_dict())
+        self.post_feedforward_layernorm.load_state_dict(layer.post_feedforward_layernorm.state_dict())
 
 
 class GPT2QueryExtensionHead(QueryExtensionHead):

@@ -14,13 +14,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from transformers import (
+    Gemma2ForCausalLM,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_multi_token import (
+    MultiTokenGemma2Config,
     MultiTokenGPT2Config,
     MultiTokenLlamaConfig,
     MultiTokenMistralConfig,
@@ -249,7 +257,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         if labels is None and shift_labels is None:  # logits_to_keep applies where no loss needs every position
             normed, head_states = slice_logits_to_keep(normed, logits_to_keep), slice_logits_to_keep(
                 head_states, logits_to_keep)
-        logits, head_logits = self.lm_head(normed), self.lm_head(head_states)
+        logits, head_logits = self.unembed(normed), self.unembed(head_states)
         loss = head_losses = None
         if labels is not None:
             loss, head_losses = multi_token_loss(
@@ -329,7 +337,7 @@ _FORWARD_DOC = r"""
 
 
 class LlamaFamilyForward:
-    """The forward of `LlamaForCausalLM`, which Mistral, Qwen2 and Qwen3 share argument for argument."""
+    """The forward of `LlamaForCausalLM`, which Mistral, Qwen2, Qwen3 and Gemma 2 share argument for argument."""
 
     # The signature is LlamaForCausalLM.forward's, plus `output_head_logits`.
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -369,6 +377,11 @@ class Qwen3ForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward
     architecture = ARCHITECTURES["qwen3"]
 
 
+class Gemma2ForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward, Gemma2ForCausalLM):
+    config_class = MultiTokenGemma2Config
+    architecture = ARCHITECTURES["gemma2"]
+
+
 class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
     config_class = MultiTokenGPT2Config
     architecture = ARCHITECTURES["gpt2"]
@@ -405,7 +418,7 @@ class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
 
 # `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
 for _model_class in (LlamaForMultiTokenPrediction, GPT2ForMultiTokenPrediction, MistralForMultiTokenPrediction,
-                     Qwen2ForMultiTokenPrediction, Qwen3ForMultiTokenPrediction):
+                     Qwen2ForMultiTokenPrediction, Qwen3ForMultiTokenPrediction, Gemma2ForMultiTokenPrediction):
     _model_class.config_class.register_for_auto_class()
     _model_class.register_for_auto_class("AutoModelForCausalLM")
 
@@ -416,4 +429,5 @@ MULTI_TOKEN_CLASSES = {
     MistralForCausalLM: MistralForMultiTokenPrediction,
     Qwen2ForCausalLM: Qwen2ForMultiTokenPrediction,
     Qwen3ForCausalLM: Qwen3ForMultiTokenPrediction,
+    Gemma2ForCausalLM: Gemma2ForMultiTokenPrediction,
 }

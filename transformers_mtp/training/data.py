@@ -142,7 +142,7 @@ def cache_trunk_features(model, sequences, *, all_features=False, batch_size=1, 
         ids = torch.tensor([s["input_ids"] + [0] * (width - len(s["input_ids"])) for s in chunk], device=model.device)
         normed, layer_input, out = model._trunk_forward(ids, use_cache=share_kv, need_layer_input=with_layer_input)
         cache = out.cache
-        teachers = model.lm_head(normed).argmax(-1)
+        teachers = model.unembed(normed).argmax(-1)
         for row, sequence in enumerate(chunk):
             length = len(sequence["input_ids"])
             teacher = teachers[row, :length].clone()

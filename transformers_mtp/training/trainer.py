@@ -33,7 +33,7 @@ def features_loss(model, batch):
         base_kv=(batch["keys"], batch["values"]) if share_kv else None,
     )
     weight, draft_ids = model.draft_unembedding()
-    head_logits = states @ weight.T  # [B, T, K-1, V or draft vocabulary]
+    head_logits = model.unembed(states, weight)  # [B, T, K-1, V or draft vocabulary]
     # teacher[t] is the base model's argmax at t, i.e. its token t + 1: already shifted, as `shift_labels` are. The
     # last position's argmax is a token past the end of the text, which is not scored.
     targets = F.pad(teacher[:, :-1], (0, 1), value=-100)
