@@ -16,6 +16,8 @@ import torch  # noqa: E402
 from transformers import (  # noqa: E402
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -32,7 +34,7 @@ import transformers_mtp  # noqa: E402
 
 VOCAB = 99
 ARCHS = ("llama", "gpt2")  # the generic tests' architectures
-LLAMA_FAMILY = ("mistral", "qwen2", "qwen3", "gemma2")  # Llama-shaped, each with what differs for the heads
+LLAMA_FAMILY = ("mistral", "qwen2", "qwen3", "gemma2", "gemma3")  # Llama-shaped, each with what differs for the heads
 ALL_ARCHS = ARCHS + LLAMA_FAMILY  # the conversion, portability, parity and transformers-suite tests run on all
 _LLAMA_SHAPED = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
@@ -44,6 +46,9 @@ _LLAMA_SHAPED = {
     # and a window wider than any test text (the default 4096 alternates sliding and full layers)
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 8, "final_logit_softcapping": 0.5,
                                                  "attn_logit_softcapping": 0.5, "query_pre_attn_scalar": 8}),
+    # a global layer, then a local one: the heads copy the last layer, so they need its local rotary embedding
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, {"head_dim": 8, "query_pre_attn_scalar": 8,
+                                                     "layer_types": ["full_attention", "sliding_attention"]}),
 }
 # (head_type, extra config) covering every head design the config offers
 HEAD_SETUPS = [
@@ -78,9 +83,12 @@ def tiny_base(arch, seed=0):
                 if arch == "qwen2":
                     for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
                         proj.bias.normal_(0, 0.5)
-                if arch == "gemma2":  # its norms scale by 1 + weight, and the weights start at 0
-                    for norm in (layer.input_layernorm, layer.post_attention_layernorm,
-                                 layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm):
+                if arch in ("gemma2", "gemma3"):  # their norms scale by 1 + weight, and the weights start at 0
+                    norms = [layer.input_layernorm, layer.post_attention_layernorm,
+                             layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
+                    if arch == "gemma3":
+                        norms += [attn.q_norm, attn.k_norm]
+                    for norm in norms:
                         norm.weight.uniform_(-0.5, 0.5)
     elif arch == "gpt2":
         config = GPT2Config(

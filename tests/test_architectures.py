@@ -1,4 +1,4 @@
-"""What sets the Llama family's other members apart: Mistral's and Gemma 2's sliding windows, and the error for the
+"""What sets the Llama family's other members apart: Mistral's and Gemma's sliding windows, and the error for the
 rest.
 
 Conversion, the heads, the parity matrix, portability, training and transformers' own suites run on every
@@ -8,20 +8,33 @@ architecture (conftest.ALL_ARCHS) in their own files; this file holds what only 
 import pytest
 import torch
 from conftest import VOCAB, tiny_base
-from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+)
 from transformers.cache_utils import DynamicCache, StaticCache
 
 import transformers_mtp
 
 
 def mistral(window, head_type="query_extension", arch="mistral", **extra):
-    """A tiny Mistral (every layer sliding) or Gemma 2 (sliding and full layers alternate) with this window."""
+    """A tiny Mistral (every layer sliding), Gemma 2 (sliding and full layers alternate) or Gemma 3 (a full layer,
+    then a sliding one) with this window."""
     torch.manual_seed(0)
-    config_class, model_class = (MistralConfig, MistralForCausalLM) if arch == "mistral" else (Gemma2Config,
-                                                                                              Gemma2ForCausalLM)
+    config_class, model_class, extra_config = {
+        "mistral": (MistralConfig, MistralForCausalLM, {}),
+        "gemma2": (Gemma2Config, Gemma2ForCausalLM, {}),
+        "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, {"layer_types": ["full_attention", "sliding_attention"]}),
+    }[arch]
     config = config_class(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, max_position_embeddings=256,
-                          bos_token_id=0, eos_token_id=1, pad_token_id=2, sliding_window=window)
+                          bos_token_id=0, eos_token_id=1, pad_token_id=2, sliding_window=window, **extra_config)
     return transformers_mtp.convert(model_class(config).eval(), num_heads=4, head_type=head_type, **extra)
 
 
@@ -49,7 +62,7 @@ def test_sliding_window_model_within_its_window_is_greedy(mode):
     assert out.multi_token_stats.forward_passes > 1
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3"])
 def test_one_sequence_past_the_window_is_greedy(arch, monkeypatch):
     """One row decodes at any length: its sliding layers keep every position (so rejected drafts roll back) and
     transformers' mask applies the window. The drafts are oracle continuations with errors, so rollbacks happen."""
@@ -107,11 +120,11 @@ def test_unsupported_architecture_error_lists_the_supported_ones():
     with pytest.raises(ValueError) as error:
         transformers_mtp.convert(opt)
     for name in ("LlamaForCausalLM", "GPT2LMHeadModel", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Gemma2ForCausalLM"):
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         assert name in str(error.value)
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "gemma2"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_auto_classes_resolve_the_new_configs(arch, tmp_path):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 

@@ -54,6 +54,8 @@ def echo_base(arch, seed=0, noise=ECHO_NOISE):
                 layer.mlp.down_proj.weight.zero_()
                 out = layer.self_attn.o_proj.weight
                 out.copy_(torch.randn(out.shape, generator=generator) * noise)
+                if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma norms the attention output to unit scale:
+                    layer.post_attention_layernorm.weight.fill_(noise - 1)  # scale it back down, by 1 + weight
         else:  # GPT-2 ties its embeddings already
             base.transformer.wpe.weight.zero_()
             for block in base.transformer.h:

@@ -228,7 +228,10 @@ def test_architecture_table_names_the_base_models_own_parts(arch):
     assert trunk is base_trunk and last_layer is (base_trunk.h if gpt2 else base_trunk.layers)[-1]
     assert final_norm is (base_trunk.ln_f if gpt2 else base_trunk.norm)
     assert embed_tokens is base.get_input_embeddings() and model.lm_head is base.get_output_embeddings()
-    assert rotary is None if gpt2 else rotary is base_trunk.rotary_emb
+    if arch == "gemma3":  # local and global layers: the last layer's rotary embedding
+        assert rotary.func is base_trunk.rotary_emb and rotary.keywords == {"layer_type": "sliding_attention"}
+    else:
+        assert rotary is None if gpt2 else rotary is base_trunk.rotary_emb
     assert all(isinstance(head, type(model).architecture.query_extension_head) for head in model.mtp_heads)
     assert set(transformers_mtp.SUPPORTED_ARCHITECTURES) == set(MULTI_TOKEN_CLASSES)
 

@@ -43,7 +43,8 @@ SETUPS = [("llama", "resblock", {}), ("gpt2", "linear", {}), ("llama", "resblock
           ("mistral", "query_extension", {"head_input": "feature_and_token", "head_rank": 8}),
           ("qwen2", "query_extension", {"head_share_kv": False, "head_rank": 8}),
           ("qwen3", "query_extension", {"head_input": "sequential", "head_rank": 8}),
-          ("gemma2", "query_extension", {"head_input": "feature_and_token", "head_rank": 8, "draft_vocab_size": 40})]
+          ("gemma2", "query_extension", {"head_input": "feature_and_token", "head_rank": 8, "draft_vocab_size": 40}),
+          ("gemma3", "query_extension", {"head_share_kv": False, "head_rank": 8})]
 
 
 @pytest.mark.parametrize("arch,head_type,extra", SETUPS, ids=[f"{a}-{h}-{len(e)}" for a, h, e in SETUPS])

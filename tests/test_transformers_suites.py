@@ -6,7 +6,7 @@ transformers' Llama / GPT-2 model testers: batch 13, sequence 7, vocabulary 99, 
 heads (Llama: 2 key/value heads), intermediate 37; GPT-2 inputs carry `token_type_ids` (as transformers' GPT-2
 tester), Llama's a right-padding `attention_mask`.
 
-Classes: architecture (Llama, GPT-2, Mistral, Qwen2, Qwen3, Gemma 2) x head design (linear, resblock, query_extension, and query_extension with
+Classes: architecture (Llama, GPT-2, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3) x head design (linear, resblock, query_extension, and query_extension with
 head_input="sequential", head_input="feature_and_token" or head_share_kv=False), each twice:
 
 - `...Test`: the common inputs as transformers' testers make them. Without `labels` our forward is the base model's,
@@ -33,6 +33,8 @@ import transformers_suite
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -106,7 +108,7 @@ class TinyCausalLMTester:
                 intermediate_size=self.intermediate_size, hidden_act="gelu",
                 max_position_embeddings=self.max_position_embeddings, initializer_range=self.initializer_range,
             )
-            if self.arch in ("mistral", "qwen3", "gemma2"):  # head_dim is a field of its own (Qwen3's defaults to 128)
+            if self.arch in ("mistral", "qwen3", "gemma2", "gemma3"):  # head_dim is a field of its own (Qwen3's defaults to 128)
                 sizes["head_dim"] = self.hidden_size // self.num_attention_heads
         else:
             sizes = dict(
@@ -205,6 +207,10 @@ class Gemma2ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
     arch, model_class, config_class = "gemma2", Gemma2ForCausalLM, Gemma2Config
 
 
+class Gemma3ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
+    arch, model_class, config_class = "gemma3", Gemma3ForCausalLM, Gemma3TextConfig
+
+
 # --- ours -----------------------------------------------------------------------------------------------------------
 def _heads(head_type, **extra):
     # 3 heads: 2 beyond the base model's own (sequences of 7 tokens leave them 5 and 4 scored positions)
@@ -216,7 +222,8 @@ ARCHES = {
     name: {"arch": arch, "model_class": MULTI_TOKEN_CLASSES[base], "config_class": MULTI_TOKEN_CLASSES[base].config_class}
     for name, arch, base in (("Llama", "llama", LlamaForCausalLM), ("GPT2", "gpt2", GPT2LMHeadModel),
                              ("Mistral", "mistral", MistralForCausalLM), ("Qwen2", "qwen2", Qwen2ForCausalLM),
-                             ("Qwen3", "qwen3", Qwen3ForCausalLM), ("Gemma2", "gemma2", Gemma2ForCausalLM))
+                             ("Qwen3", "qwen3", Qwen3ForCausalLM), ("Gemma2", "gemma2", Gemma2ForCausalLM),
+                             ("Gemma3", "gemma3", Gemma3ForCausalLM))
 }
 HEAD_DESIGNS = {
     "Linear": _heads("linear"),

@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_multi_token import (
     MultiTokenGemma2Config,
+    MultiTokenGemma3TextConfig,
     MultiTokenGPT2Config,
     MultiTokenLlamaConfig,
     MultiTokenMistralConfig,
@@ -22,6 +23,7 @@ from .modeling_losses import multi_token_loss
 from .modeling_multi_token import (
     MULTI_TOKEN_CLASSES,
     Gemma2ForMultiTokenPrediction,
+    Gemma3ForMultiTokenPrediction,
     GPT2ForMultiTokenPrediction,
     LlamaForMultiTokenPrediction,
     MistralForMultiTokenPrediction,
@@ -41,11 +43,13 @@ for _model in MULTI_TOKEN_CLASSES.values():
 __all__ = [
     "GPT2ForMultiTokenPrediction",
     "Gemma2ForMultiTokenPrediction",
+    "Gemma3ForMultiTokenPrediction",
     "LlamaForMultiTokenPrediction",
     "MistralForMultiTokenPrediction",
     "MultiTokenCausalLMOutput",
     "MultiTokenGPT2Config",
     "MultiTokenGemma2Config",
+    "MultiTokenGemma3TextConfig",
     "MultiTokenGenerateOutput",
     "MultiTokenLlamaConfig",
     "MultiTokenMistralConfig",

@@ -9,7 +9,7 @@ is not installed.
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
-from transformers import Gemma2Config, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 HEAD_TYPES = ("linear", "resblock", "query_extension")
 HEAD_INPUTS = ("feature", "feature_and_token", "sequential")
@@ -175,3 +175,13 @@ class MultiTokenGemma2Config(MultiTokenConfigMixin, Gemma2Config):
     """
 
     model_type = "multi_token_gemma2"
+
+
+@strict
+class MultiTokenGemma3TextConfig(MultiTokenConfigMixin, Gemma3TextConfig):
+    r"""
+    Configuration of [`Gemma3ForMultiTokenPrediction`]: a [`Gemma3TextConfig`] (the text model of Gemma 3) plus the
+    multi-token fields documented in [`MultiTokenConfigMixin`].
+    """
+
+    model_type = "multi_token_gemma3_text"

@@ -10,9 +10,11 @@ and `from .module import Name`.
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 from .modeling_heads import (
     Gemma2QueryExtensionHead,
+    Gemma3QueryExtensionHead,
     GPT2QueryExtensionHead,
     LlamaQueryExtensionHead,
     MistralQueryExtensionHead,
@@ -33,11 +35,14 @@ class Architecture:
     rotary: str | None  # `model.<trunk>.<rotary>`, the rotary embedding; None where positions are added to the input
     query_extension_head: type[QueryExtensionHead]  # the query-extension head built on this architecture's layer
     unembedding: str = "lm_head"  # `model.<unembedding>`, shared (frozen) by every head
+    rotary_per_layer_type: bool = False  # one rotary embedding per layer type (Gemma 3: local and global layers)
 
     def parts(self, model):
         """(trunk, last decoder layer, final norm, token embedding, rotary embedding or None) of `model`."""
         trunk = getattr(model, self.trunk)
         rotary = getattr(trunk, self.rotary) if self.rotary is not None else None
+        if rotary is not None and self.rotary_per_layer_type:  # the heads copy the last layer: its positions
+            rotary = partial(rotary, layer_type=model.config.layer_types[-1])
         return (trunk, getattr(trunk, self.layers)[-1], getattr(trunk, self.final_norm),
                 getattr(trunk, self.embed_tokens), rotary)
 
@@ -52,6 +57,8 @@ ARCHITECTURES = {
     "qwen3": Architecture(**_LLAMA_PARTS, query_extension_head=Qwen3QueryExtensionHead),
     # Gemma 2's embedding module scales its output itself, and its logits are soft-capped (model.unembed)
     "gemma2": Architecture(**_LLAMA_PARTS, query_extension_head=Gemma2QueryExtensionHead),
+    "gemma3_text": Architecture(**_LLAMA_PARTS, query_extension_head=Gemma3QueryExtensionHead,
+                                rotary_per_layer_type=True),
     # main diff with Llama: GPT-2 adds learned positions to its input, so there is no rotary embedding
     "gpt2": Architecture(trunk="transformer", layers="h", final_norm="ln_f", embed_tokens="wte", rotary=None,
                          query_extension_head=GPT2QueryExtensionHead),

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP, Gemma2RMSNorm
+from transformers.models.gemma3.modeling_gemma3 import Gemma3MLP, Gemma3RMSNorm
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 from transformers.models.mistral.modeling_mistral import MistralMLP
@@ -318,8 +319,8 @@ class Gemma2QueryExtensionHead(LlamaQueryExtensionHead):
     def __init__(self, config):
         super().__init__(config)
         # main diff with Llama: norms around the MLP, the query scale and the attention soft-cap
-        self.pre_feedforward_layernorm = Gemma2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_feedforward_layernorm = Gemma2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.pre_feedforward_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_feedforward_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
         self.scaling = config.query_pre_attn_scalar**-0.5
         self.softcap = config.attn_logit_softcapping
 
@@ -342,6 +343,20 @@ class Gemma2QueryExtensionHead(LlamaQueryExtensionHead):
         super().copy_from_base_layer(layer)
         self.pre_feedforward_layernorm.load_state_dict(layer.pre_feedforward_layernorm.state_dict())
         self.post_feedforward_layernorm.load_state_dict(layer.post_feedforward_layernorm.state_dict())
+
+
+class Gemma3QueryExtensionHead(Gemma2QueryExtensionHead):
+    """Gemma 3's layer: Gemma 2's, plus per-head q_norm / k_norm (Gemma norms); its rotary embedding depends on the
+    layer type (local or global), which the architecture table passes for the last layer."""
+
+    mlp_class = Gemma3MLP
+    norm_class = Gemma3RMSNorm
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.q_norm = Gemma3RMSNorm(self.head_dim, eps=config.rms_norm_eps)  # main diff with Gemma 2
+        if not self.share_kv:
+            self.k_norm = Gemma3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
 
 class GPT2QueryExtensionHead(QueryExtensionHead):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import (
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
     GPT2LMHeadModel,
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -29,6 +30,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_multi_token import (
     MultiTokenGemma2Config,
+    MultiTokenGemma3TextConfig,
     MultiTokenGPT2Config,
     MultiTokenLlamaConfig,
     MultiTokenMistralConfig,
@@ -337,7 +339,7 @@ _FORWARD_DOC = r"""
 
 
 class LlamaFamilyForward:
-    """The forward of `LlamaForCausalLM`, which Mistral, Qwen2, Qwen3 and Gemma 2 share argument for argument."""
+    """The forward of `LlamaForCausalLM`, which Mistral, Qwen2, Qwen3 and Gemma 2 / 3 share argument for argument."""
 
     # The signature is LlamaForCausalLM.forward's, plus `output_head_logits`.
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -382,6 +384,11 @@ class Gemma2ForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForwar
     architecture = ARCHITECTURES["gemma2"]
 
 
+class Gemma3ForMultiTokenPrediction(MultiTokenPredictionMixin, LlamaFamilyForward, Gemma3ForCausalLM):
+    config_class = MultiTokenGemma3TextConfig
+    architecture = ARCHITECTURES["gemma3_text"]
+
+
 class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
     config_class = MultiTokenGPT2Config
     architecture = ARCHITECTURES["gpt2"]
@@ -418,7 +425,8 @@ class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
 
 # `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
 for _model_class in (LlamaForMultiTokenPrediction, GPT2ForMultiTokenPrediction, MistralForMultiTokenPrediction,
-                     Qwen2ForMultiTokenPrediction, Qwen3ForMultiTokenPrediction, Gemma2ForMultiTokenPrediction):
+                     Qwen2ForMultiTokenPrediction, Qwen3ForMultiTokenPrediction, Gemma2ForMultiTokenPrediction,
+                     Gemma3ForMultiTokenPrediction):
     _model_class.config_class.register_for_auto_class()
     _model_class.register_for_auto_class("AutoModelForCausalLM")
 
@@ -430,4 +438,5 @@ MULTI_TOKEN_CLASSES = {
     Qwen2ForCausalLM: Qwen2ForMultiTokenPrediction,
     Qwen3ForCausalLM: Qwen3ForMultiTokenPrediction,
     Gemma2ForCausalLM: Gemma2ForMultiTokenPrediction,
+    Gemma3ForCausalLM: Gemma3ForMultiTokenPrediction,
 }
