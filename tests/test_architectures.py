@@ -7,7 +7,7 @@ architecture (conftest.ALL_ARCHS) in their own files; this file holds what only 
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_base
+from conftest import LLAMA_FAMILY, VOCAB, tiny_base, tiny_mtp
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -134,3 +134,21 @@ def test_auto_classes_resolve_the_new_configs(arch, tmp_path):
     assert type(config) is type(model.config) and config.num_heads == 3
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "m")) is type(model)
     assert type(AutoModel.from_pretrained(tmp_path / "m")) is type(model)
+
+
+@pytest.mark.parametrize("arch", LLAMA_FAMILY)
+def test_trees_and_sampling_on_each_architecture(arch):
+    """Draft trees (greedy) and speculative sampling (top_k=1: one token has all the probability, so it is greedy's)
+    on randomised heads of each architecture: the same tokens as plain decoding, with drafts both kept and rejected."""
+    model = tiny_mtp(arch, "query_extension", num_heads=4)
+    prompt = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(7))
+    plain = model.generate(prompt, max_new_tokens=20, do_sample=False)
+    tree = model.generate(prompt, max_new_tokens=20, do_sample=False, multi_token_mode=True, draft_tree_size=6,
+                          return_dict_in_generate=True)
+    assert torch.equal(tree.sequences, plain)
+    torch.manual_seed(0)
+    sampled = model.generate(prompt, max_new_tokens=20, do_sample=True, top_k=1, multi_token_mode=True,
+                             return_dict_in_generate=True)
+    assert torch.equal(sampled.sequences, plain)
+    for stats in (tree.multi_token_stats, sampled.multi_token_stats):
+        assert 0 < sum(stats.head_accepted) < sum(stats.head_proposed)  # drafts both kept and rejected
