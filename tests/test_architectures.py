@@ -152,3 +152,53 @@ def test_trees_and_sampling_on_each_architecture(arch):
     assert torch.equal(sampled.sequences, plain)
     for stats in (tree.multi_token_stats, sampled.multi_token_stats):
         assert 0 < sum(stats.head_accepted) < sum(stats.head_proposed)  # drafts both kept and rejected
+
+
+def write_gguf(model, path, gguf_arch):
+    """A float32 GGUF file of a tiny Llama-shaped model, its tensors named by gguf's own name map (as llama.cpp's
+    converter names them; Qwen's q/k weights are stored unpermuted)."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), gguf_arch.name.lower())
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    names = gguf.get_tensor_name_map(gguf_arch, config.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        module, kind = name.rsplit(".", 1)
+        writer.add_tensor(f"{names.get_name(module)}.{kind}", tensor.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_gguf_file_converts(arch, tmp_path):
+    """convert() takes a .gguf file of the new architectures as it takes the embedded Llama one (dequantized by
+    transformers). transformers' GGUF reader takes Qwen3's head_dim as its default, 128, so this one has that."""
+    import gguf
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if arch == "qwen2":
+        base, gguf_arch = tiny_base("qwen2"), gguf.MODEL_ARCH.QWEN2
+    else:
+        torch.manual_seed(0)
+        base = Qwen3ForCausalLM(Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                            vocab_size=VOCAB, max_position_embeddings=256)).eval()
+        gguf_arch = gguf.MODEL_ARCH.QWEN3
+    write_gguf(base, tmp_path / f"tiny-{arch}.gguf", gguf_arch)
+    model = transformers_mtp.convert(tmp_path / f"tiny-{arch}.gguf", num_heads=3, head_type="query_extension")
+    assert type(model) is transformers_mtp.MULTI_TOKEN_CLASSES[type(base)]
+    ids = torch.randint(3, VOCAB, (1, 7))
+    assert torch.equal(model(ids).logits, base(ids).logits)
+    assert torch.equal(model.generate(ids, max_new_tokens=8, do_sample=False, multi_token_mode=True),
+                       base.generate(ids, max_new_tokens=8, do_sample=False))
