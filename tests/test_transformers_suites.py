@@ -31,19 +31,12 @@ import pytest
 import torch
 import transformers_suite
 from transformers import (
-    Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
     LlamaForCausalLM,
-    MistralConfig,
     MistralForCausalLM,
-    Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
     Qwen3ForCausalLM,
 )
 
@@ -182,33 +175,19 @@ class _SuiteBase(ModelTesterMixin, GenerationTesterMixin):
         self.config_tester.check_config_arguments_init()
 
 
-# --- controls: the unmodified base classes ------------------------------------------------------------------------
-class LlamaForCausalLMControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "llama", LlamaForCausalLM, LlamaConfig
+# the architectures: (class-name prefix of ours, tester arch, base class)
+BASE_CLASSES = (("Llama", "llama", LlamaForCausalLM), ("GPT2", "gpt2", GPT2LMHeadModel),
+                ("Mistral", "mistral", MistralForCausalLM), ("Qwen2", "qwen2", Qwen2ForCausalLM),
+                ("Qwen3", "qwen3", Qwen3ForCausalLM), ("Gemma2", "gemma2", Gemma2ForCausalLM),
+                ("Gemma3", "gemma3", Gemma3ForCausalLM))
 
-
-class GPT2LMHeadModelControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "gpt2", GPT2LMHeadModel, GPT2Config
-
-
-class MistralForCausalLMControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "mistral", MistralForCausalLM, MistralConfig
-
-
-class Qwen2ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "qwen2", Qwen2ForCausalLM, Qwen2Config
-
-
-class Qwen3ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "qwen3", Qwen3ForCausalLM, Qwen3Config
-
-
-class Gemma2ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "gemma2", Gemma2ForCausalLM, Gemma2Config
-
-
-class Gemma3ForCausalLMControlTest(_SuiteBase, unittest.TestCase):
-    arch, model_class, config_class = "gemma3", Gemma3ForCausalLM, Gemma3TextConfig
+# --- controls: the unmodified base classes (LlamaForCausalLMControlTest, ..., Gemma3ForCausalLMControlTest) ---------
+for _name, _arch, _base in BASE_CLASSES:
+    _control = f"{_base.__name__}ControlTest"
+    globals()[_control] = type(_control, (_SuiteBase, unittest.TestCase), {
+        "arch": _arch, "model_class": _base, "config_class": _base.config_class, "__module__": __name__,
+        "__qualname__": _control,
+    })
 
 
 # --- ours -----------------------------------------------------------------------------------------------------------
@@ -220,10 +199,7 @@ def _heads(head_type, **extra):
 # class-name prefix -> the harness fields of our class for that architecture
 ARCHES = {
     name: {"arch": arch, "model_class": MULTI_TOKEN_CLASSES[base], "config_class": MULTI_TOKEN_CLASSES[base].config_class}
-    for name, arch, base in (("Llama", "llama", LlamaForCausalLM), ("GPT2", "gpt2", GPT2LMHeadModel),
-                             ("Mistral", "mistral", MistralForCausalLM), ("Qwen2", "qwen2", Qwen2ForCausalLM),
-                             ("Qwen3", "qwen3", Qwen3ForCausalLM), ("Gemma2", "gemma2", Gemma2ForCausalLM),
-                             ("Gemma3", "gemma3", Gemma3ForCausalLM))
+    for name, arch, base in BASE_CLASSES
 }
 HEAD_DESIGNS = {
     "Linear": _heads("linear"),

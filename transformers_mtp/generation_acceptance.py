@@ -51,14 +51,13 @@ def accept_tree_walk(tree, logits, score):
     Greedy over a draft tree: walk from the root while a child drafted the base model's own choice.
 
     tree: a `DraftTree`; logits: [N, V] at its nodes; score(walked, logits [1, V]) -> [1, V] applies the logits
-    processors with the walked drafts (a [m] tensor) as the text before the node. Returns (path: node indices from
+    processors with the walked drafts (a list of token ids) as the text before the node. Returns (path: node indices from
     the root, tokens [n + 1] (the accepted drafts, then the base model's next token), scores [n + 1, V]).
     """
     path, scores, node = [], [], 0
     while True:
         path.append(node)
-        walked = torch.tensor([tree.tokens[i] for i in path[1:]], dtype=torch.long, device=logits.device)
-        scores.append(score(walked, logits[node : node + 1]))
+        scores.append(score([tree.tokens[i] for i in path[1:]], logits[node : node + 1]))
         choice = int(scores[-1].argmax(-1))
         node = tree.children[node].get(choice)
         if node is None:

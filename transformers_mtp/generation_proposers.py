@@ -26,6 +26,11 @@ class Drafts:
     tokens: list[torch.Tensor]
     probs: list[torch.Tensor] | None = None
 
+    @classmethod
+    def copied(cls, state, tokens):
+        """Drafts copied from somewhere (a context, a table): when sampling, each with its one-hot q."""
+        return cls(tokens, [one_hot_probs(state, t) for t in tokens] if state.do_sample else None)
+
 
 def _at_positions(x, index):
     """[B, T, ...] -> [B, 1, ...] at position index[i] of each row (None stays None)."""
@@ -63,9 +68,8 @@ class ContextLookupProposer(DraftProposer):
         self.ngram, self.max_drafts = ngram, max_drafts
 
     def propose(self, state, verified, budgets, prefix=None):
-        tokens = [context_continuation(row, budget, self.ngram) if budget else row[:0]
-                  for row, budget in zip(state.rows, budgets)]
-        return Drafts(tokens, [one_hot_probs(state, t) for t in tokens] if state.do_sample else None)
+        return Drafts.copied(state, [context_continuation(row, budget, self.ngram) if budget else row[:0]
+                                     for row, budget in zip(state.rows, budgets)])
 
 
 class DatastoreProposer(DraftProposer):
@@ -75,9 +79,8 @@ class DatastoreProposer(DraftProposer):
         self.datastore, self.vocab_size, self.max_drafts = datastore, vocab_size, max_drafts
 
     def propose(self, state, verified, budgets, prefix=None):
-        tokens = [datastore_continuation(row, budget, self.datastore, self.vocab_size)
-                  for row, budget in zip(state.rows, budgets)]
-        return Drafts(tokens, [one_hot_probs(state, t) for t in tokens] if state.do_sample else None)
+        return Drafts.copied(state, [datastore_continuation(row, budget, self.datastore, self.vocab_size)
+                                     for row, budget in zip(state.rows, budgets)])
 
 
 class HeadProposer(DraftProposer):
@@ -138,7 +141,7 @@ class HeadProposer(DraftProposer):
             full = scores.new_full((1, self.model.lm_head.weight.shape[0]), float("-inf"))
             full[:, self.draft_ids] = scores
             scores = full
-        q = torch.softmax(state.processed(row, torch.cat([state.rows[row][:0], *earlier]), scores)[0], dim=-1)
+        q = torch.softmax(state.processed(row, earlier, scores)[0], dim=-1)
         return torch.multinomial(q, 1), q
 
     def propose(self, state, verified, budgets, prefix=None):
@@ -254,8 +257,7 @@ class Drafter:
 
     def context(self, state, verified, counts):
         """Per row with head drafts to make, the first source's continuation that is not empty."""
-        found = Drafts([row[:0] for row in state.rows], [one_hot_probs(state, row[:0]) for row in state.rows]
-                       if state.do_sample else None)
+        found = Drafts.copied(state, [row[:0] for row in state.rows])
         for source in self.context_sources:
             want = [i for i, c in enumerate(counts) if c and found.tokens[i].shape[0] == 0]
             if not want:

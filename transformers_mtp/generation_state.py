@@ -166,11 +166,14 @@ class DecodingState:
 
     # --- scores ------------------------------------------------------------------------------------------------------
     def processed(self, row, prefix, scores):
-        """Row `row`'s scores [n, V] after the logits processors (and warpers), with `prefix` [m] (tokens after the
-        row's own) as the text before them, as plain decoding computes them."""
+        """Row `row`'s scores [n, V] after the logits processors (and warpers), with `prefix` (tokens after the row's
+        own: a [m] tensor, or a list of token ids or [1] tensors) as the text before them, as plain decoding computes
+        them. Without processors the prefix is never built."""
         processors = self.logits_processor[row]
         if len(processors) == 0:
             return scores
+        if not isinstance(prefix, torch.Tensor):
+            prefix = torch.tensor([int(t) for t in prefix], dtype=torch.long, device=self.rows[row].device)
         return processors(torch.cat([self.rows[row], prefix])[None], scores.float().clone())
 
     def processed_scores(self, row, logits, drafts):

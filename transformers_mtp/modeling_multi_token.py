@@ -283,7 +283,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
                 "did not extend the cache (gradient checkpointing in training mode turns caching off); call the model "
                 "in eval mode, or without a cache."
             )
-        last_layer, rotary = self._parts()[1], self._parts()[4]
+        _, last_layer, _, _, rotary = self._parts()
         position_embeddings = rotary(layer_input, position_ids) if rotary is not None else None
         return self.query_extension_head_class.base_layer_keys_values(last_layer, layer_input, position_embeddings)
 
@@ -423,13 +423,6 @@ class GPT2ForMultiTokenPrediction(MultiTokenPredictionMixin, GPT2LMHeadModel):
     forward.__doc__ = _FORWARD_DOC
 
 
-# `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
-for _model_class in (LlamaForMultiTokenPrediction, GPT2ForMultiTokenPrediction, MistralForMultiTokenPrediction,
-                     Qwen2ForMultiTokenPrediction, Qwen3ForMultiTokenPrediction, Gemma2ForMultiTokenPrediction,
-                     Gemma3ForMultiTokenPrediction):
-    _model_class.config_class.register_for_auto_class()
-    _model_class.register_for_auto_class("AutoModelForCausalLM")
-
 # base causal-LM class -> its multi-token class (convert() reads this; the architecture table says where the parts are)
 MULTI_TOKEN_CLASSES = {
     LlamaForCausalLM: LlamaForMultiTokenPrediction,
@@ -440,3 +433,8 @@ MULTI_TOKEN_CLASSES = {
     Gemma2ForCausalLM: Gemma2ForMultiTokenPrediction,
     Gemma3ForCausalLM: Gemma3ForMultiTokenPrediction,
 }
+
+# `save_pretrained` then writes auto_map and copies this file and the files it imports next to the weights.
+for _model_class in MULTI_TOKEN_CLASSES.values():
+    _model_class.config_class.register_for_auto_class()
+    _model_class.register_for_auto_class("AutoModelForCausalLM")
