@@ -108,3 +108,36 @@ def test_benchmark_compares_draft_trees_with_chains(tmp_path):
     assert all(r["identical"] for r in records if r["mode"] == "verified")
     assert "| verified k=4 lookup=3 tree=6 (all) | 2 |" in markdown_table(result["summary"])
     write_report(result, tmp_path)
+
+
+def test_benchmark_reports_each_dtype_against_its_own_greedy_and_where_outputs_part(tmp_path):
+    """Two dtypes in one report, each against plain greedy of its own dtype; an output that parts from greedy's
+    (unverified drafting with random heads does) gets the position and greedy's top-two margin there."""
+    from transformers_mtp.benchmark import RunRecord, summarize
+
+    prompts = [{"id": f"p{i}", "kind": "code" if i % 2 else "chat",
+                "input_ids": torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(i))}
+               for i in range(2)]
+    records = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_mtp("llama", num_heads=3, seed=5).to(dtype)
+        records += run_benchmark(model, prompts, modes=["verified", "unverified"], max_new_tokens=12,
+                                 progress=False)["records"]
+    assert {r["dtype"] for r in records} == {"float32", "bfloat16"}
+    summary = summarize([RunRecord(**r) for r in records])
+    for dtype in ("float32", "bfloat16"):
+        greedy = next(s for s in summary if (s["dtype"], s["mode"], s["kind"]) == (dtype, "greedy", "all"))
+        assert greedy["speedup"]["median"] == 1.0 and greedy["prompts"] == 2
+    parted = [r for r in records if r["mode"] == "unverified" and not r["identical"]]
+    assert parted, "random unverified drafts should part from greedy"
+    for r in parted:
+        assert 0 <= r["divergence_position"] < r["new_tokens"]
+        assert r["divergence_margin"] >= 0 and 0 < r["divergence_rank"] <= 1
+    fp32_verified = [r for r in records if (r["dtype"], r["mode"]) == ("float32", "verified")]
+    assert all(r["identical"] and r["divergence_margin"] is None for r in fp32_verified)
+    row = next(s for s in summary if (s["mode"], s["kind"]) == ("unverified", "all") and s["diverged"])
+    assert row["diverged"] == sum(1 for r in parted if r["dtype"] == row["dtype"])
+    table = markdown_table(summary)
+    assert "| float32 | verified k=3 lookup=3 (all) |" in table and "| bfloat16 | greedy (all) |" in table
+    write_report({"records": records, "summary": summary, "max_new_tokens": 12}, tmp_path)
+    assert (tmp_path / "speedup_per_prompt.png").is_file()

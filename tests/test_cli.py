@@ -95,3 +95,18 @@ def test_train_refuses_several_processes_before_any_work(tmp_path, capsys, monke
     assert main(["train", "--preset", "smollm2-135m", "--output-dir", str(tmp_path / "run")]) == 2
     assert "runs in one process, but this is one of 2" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_dtype_choices_are_checked_and_reported(capsys):
+    import torch
+
+    from transformers_mtp.cli import build_parser, resolve_dtype_argument
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--dtype", "bf16"])
+    assert "invalid choice: 'bf16'" in capsys.readouterr().err
+    assert build_parser().parse_args(["bench", "--dtype", "float32", "bfloat16"]).dtype == ["float32", "bfloat16"]
+    assert build_parser().parse_args(["demo"]).dtype == "auto"
+    dtype, _ = resolve_dtype_argument("float32")
+    assert dtype == torch.float32
+    assert "dtype: float32 (as asked). Guarantee: float32: token for token" in capsys.readouterr().out

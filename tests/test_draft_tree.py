@@ -188,7 +188,8 @@ def test_draft_tree_errors_are_clear(monkeypatch):
     forward_tree = DecodingState.forward_tree
     monkeypatch.setattr(DecodingState, "forward_tree", lambda decoder, tree: trees.append(tree) or forward_tree(decoder, tree))
     assert torch.equal(mtp(model, prompt, max_new_tokens=12).sequences, greedy(model, prompt, max_new_tokens=12))
-    assert trees and all(tree.num_drafts <= 4 for tree in trees)
+    # 4 head candidates, plus the context continuation (up to k - 1 = 3 tokens) on top of them
+    assert trees and all(tree.num_drafts <= 4 + 3 for tree in trees) and any(tree.num_drafts == 4 for tree in trees)
     trees.clear()
     rows = prompt.repeat(2, 1)
     assert torch.equal(mtp(model, rows, max_new_tokens=6, pad_token_id=2).sequences,

@@ -72,6 +72,12 @@ class RunRecord:
     memory_bytes: int = 0  # CUDA: peak allocated; CPU: parameters + the KV cache at the end
     datastore: bool | None = None  # draft_datastore (multi-token modes; None = the model's default)
     tree_size: int = 0  # draft_tree_size (verified greedy mode; 0 = one chain of drafts per step)
+    # where a greedy-mode output parted from plain greedy's (reduced precision): the new-token index, greedy's top-two
+    # logit margin there, and that margin's rank among greedy's margins at every position (precision.Divergence)
+    dtype: str = ""  # the model's dtype, e.g. "bfloat16" (each mode is compared with plain greedy of its own dtype)
+    divergence_position: int | None = None
+    divergence_margin: float | None = None
+    divergence_rank: float | None = None
 
     @property
     def tokens_per_forward(self):
@@ -171,9 +177,29 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=
         head_proposed=list(stats.head_proposed) if stats else [], head_accepted=list(stats.head_accepted) if stats else [],
         accepted_per_step=list(stats.accepted_per_step) if stats else [], memory_bytes=memory,
         datastore=datastore if mode in MULTI_TOKEN_BENCH_MODES else None,
-        tree_size=tree_size if mode == "verified" else 0,
+        tree_size=tree_size if mode == "verified" else 0, dtype=str(model.dtype).removeprefix("torch."),
     )
     return out.sequences, record
+
+
+@torch.inference_mode()
+def locate_divergences(model, input_ids, greedy_sequences, parted, max_new_tokens):
+    """Fill in where each (sequences, record) in `parted` left plain greedy's output, and how close greedy's top two
+    logits were there: plain greedy runs once more, untimed, keeping its logits (it must give the same tokens)."""
+    from .precision import divergence
+
+    out = model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
+                         output_logits=True)
+    if not torch.equal(out.sequences, greedy_sequences):
+        raise RuntimeError("plain greedy decoding gave two different outputs for one prompt; the benchmark cannot "
+                           "tell where the other modes part from it (is another process changing the thread count?)")
+    start = input_ids.shape[1]
+    logits = torch.cat(out.logits)  # [N, V]
+    for sequences, record in parted:
+        found = divergence(greedy_sequences[0, start:], logits, sequences[0, start:])
+        if found is not None:  # None: one output is a prefix of the other (a stop came earlier)
+            record.divergence_position, record.divergence_margin, record.divergence_rank = (
+                found.position, found.margin, found.rank)
 
 
 def benchmark_runs(modes, ks, thresholds=(0.0,), lookups=(0,), datastores=(None,), tree_sizes=(0,)):
@@ -231,6 +257,9 @@ def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=None, look
             if mode not in SAMPLING_MODES:
                 record.identical = bool(torch.equal(sequences, greedy_sequences))
             records.append(record)
+        parted = [(s, r) for (m, *_), (s, r) in outputs.items() if m not in SAMPLING_MODES and not r.identical]
+        if parted:
+            locate_divergences(model, prompt["input_ids"], greedy_sequences, parted, max_new_tokens)
         verified = [r for (m, *_), (_, r) in outputs.items() if m == "verified"]
         if verified:
             bar.set_postfix(speedup=f"{greedy_record.seconds / verified[0].seconds:.2f}x",
@@ -246,25 +275,27 @@ def _spread(values):
 
 def summarize(records):
     """Per mode / k and per prompt kind: ratios against greedy on the same prompt, acceptance, exact matches."""
-    plain = {(r.mode, r.prompt_id): r for r in records if r.mode in ("greedy", "sample")}
+    plain = {(r.dtype, r.mode, r.prompt_id): r for r in records if r.mode in ("greedy", "sample")}
     groups = {}
     for record in records:
         for kind in ("all", record.kind):
-            groups.setdefault((record.mode, record.k, record.threshold, record.lookup, record.datastore,
+            groups.setdefault((record.dtype, record.mode, record.k, record.threshold, record.lookup, record.datastore,
                                record.tree_size, kind), []).append(record)
     summary = []
+    dtypes = list(dict.fromkeys(r.dtype for r in records))  # in the order they ran
 
-    def order(item):  # mode first, then its settings; the model's default datastore (None) before on / off
-        mode, k, threshold, lookup, datastore, tree_size, kind = item[0]
-        return MODES.index(mode), k, threshold, lookup, {None: 0, True: 1, False: 2}[datastore], tree_size, kind
+    def order(item):  # dtype, mode, then its settings; the model's default datastore (None) before on / off
+        dtype, mode, k, threshold, lookup, datastore, tree_size, kind = item[0]
+        return (dtypes.index(dtype), MODES.index(mode), k, threshold, lookup, {None: 0, True: 1, False: 2}[datastore],
+                tree_size, kind)
 
-    for (mode, k, threshold, lookup, datastore, tree_size, kind), group in sorted(groups.items(), key=order):
-        base = [plain[(baseline_mode(mode), r.prompt_id)] for r in group]
+    for (dtype, mode, k, threshold, lookup, datastore, tree_size, kind), group in sorted(groups.items(), key=order):
+        base = [plain[(dtype, baseline_mode(mode), r.prompt_id)] for r in group]
         proposed = [sum(r.head_proposed[i] for r in group if len(r.head_proposed) > i)
                     for i in range(max((len(r.head_proposed) for r in group), default=0))]
         accepted = [sum(r.head_accepted[i] for r in group if len(r.head_accepted) > i) for i in range(len(proposed))]
         summary.append({
-            "mode": mode, "k": k, "threshold": threshold, "lookup": lookup, "datastore": datastore,
+            "dtype": dtype, "mode": mode, "k": k, "threshold": threshold, "lookup": lookup, "datastore": datastore,
             "tree_size": tree_size, "kind": kind,
             "prompts": len(group),
             "baseline": baseline_mode(mode),
@@ -275,9 +306,22 @@ def summarize(records):
             "tokens_per_forward": sum(r.new_tokens for r in group) / max(sum(r.forward_passes for r in group), 1),
             "head_acceptance": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
             "exact_match_rate": (None if mode in SAMPLING_MODES else sum(r.identical for r in group) / len(group)),
+            **near_tie_summary(group),
             "memory_mb": max(r.memory_bytes for r in group) / 2**20,
         })
     return summary
+
+
+def near_tie_summary(group):
+    """Of the outputs that parted from plain greedy: how many, how many at a near-tie (greedy's top-two margin at
+    most precision.NEAR_TIE_MARGIN), the largest margin and the median rank of the margins (see RunRecord)."""
+    from .precision import NEAR_TIE_MARGIN
+
+    margins = [r.divergence_margin for r in group if r.divergence_margin is not None]
+    return {"diverged": len(margins), "diverged_at_near_tie": sum(m <= NEAR_TIE_MARGIN for m in margins),
+            "max_divergence_margin": max(margins) if margins else None,
+            "median_divergence_rank": statistics.median(r.divergence_rank for r in group
+                                                        if r.divergence_rank is not None) if margins else None}
 
 
 def variant_label(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=0):
@@ -288,18 +332,23 @@ def variant_label(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=0)
 
 
 def markdown_table(summary):
-    lines = ["| mode | prompts | speedup vs plain (median [min, max]) | TTFT ratio | TPOT ratio | tokens / forward "
-             "| head acceptance | identical to greedy | memory (MB) |", "|" + "---|" * 9]
+    """One row per dtype, mode, settings and prompt kind; each against the plain mode of its own dtype."""
+    lines = ["| dtype | mode | prompts | speedup vs plain (median [min, max]) | TTFT ratio | TPOT ratio "
+             "| tokens / forward | head acceptance | identical to greedy | diverged at a near-tie (largest margin) "
+             "| memory (MB) |", "|" + "---|" * 11]
     for row in summary:
         s = row["speedup"]
         acceptance = " / ".join(f"{a:.2f}" for a in row["head_acceptance"]) or "-"
         identical = "-" if row["exact_match_rate"] is None else f"{row['exact_match_rate']:.0%}"
+        diverged = row.get("diverged") or 0
+        near_ties = (f"{row['diverged_at_near_tie']}/{diverged} ({row['max_divergence_margin']:.3f})" if diverged
+                     else "-")
         label = variant_label(row["mode"], row["k"], row.get("threshold", 0.0), row.get("lookup", 0),
                               row.get("datastore"), row.get("tree_size", 0))
         lines.append(
-            f"| {label} ({row['kind']}) | {row['prompts']} | {s['median']:.2f}x [{s['min']:.2f}, {s['max']:.2f}] vs "
+            f"| {row.get('dtype', '')} | {label} ({row['kind']}) | {row['prompts']} | {s['median']:.2f}x [{s['min']:.2f}, {s['max']:.2f}] vs "
             f"{row.get('baseline', 'greedy')} | {row['ttft_ratio']:.2f} | {row['tpot_ratio']:.2f} | "
-            f"{row['tokens_per_forward']:.2f} | {acceptance} | {identical} | {row['memory_mb']:.0f} |"
+            f"{row['tokens_per_forward']:.2f} | {acceptance} | {identical} | {near_ties} | {row['memory_mb']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -399,31 +448,36 @@ def write_report(result, output_dir, *, environment=None):
         markdown += "\n" + batched_markdown_table(result["batched"])
     (output_dir / "bench.md").write_text(markdown)
     records = result["records"]
-    key = lambda r: (r["mode"], r["k"], r.get("threshold", 0.0), r.get("lookup", 0), r.get("datastore"),  # noqa: E731
-                     r.get("tree_size", 0))
-    multi = sorted({key(r) for r in records if r["mode"] not in ("greedy", "sample")}, key=lambda v: MODES.index(v[0]))
+    key = lambda r: (r.get("dtype", ""), r["mode"], r["k"], r.get("threshold", 0.0), r.get("lookup", 0),  # noqa: E731
+                     r.get("datastore"), r.get("tree_size", 0))
+    dtypes = list(dict.fromkeys(r.get("dtype", "") for r in records))
+    multi = sorted({key(r) for r in records if r["mode"] not in ("greedy", "sample")},
+                   key=lambda v: (dtypes.index(v[0]), MODES.index(v[1])))
+
+    def label(variant):
+        return (f"{variant[0]} " if len(dtypes) > 1 else "") + variant_label(*variant[1:])
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for variant in multi:
         row = next(s for s in result["summary"] if (*key(s), s["kind"]) == (*variant, "all"))
         if row["head_acceptance"]:
             ax.plot(range(1, len(row["head_acceptance"]) + 1), row["head_acceptance"], marker="o",
-                    label=variant_label(*variant))
+                    label=label(variant))
     ax.set(xlabel="head i (drafts token t+1+i)", ylabel="acceptance rate", title="Per-head acceptance", ylim=(0, 1))
     ax.legend()
     fig.savefig(output_dir / "head_acceptance.png", dpi=120, bbox_inches="tight")
 
     fig, ax = plt.subplots(figsize=(max(7, len(records) / 6), 4))
-    plain = {(r["mode"], r["prompt_id"]): r for r in records if r["mode"] in ("greedy", "sample")}
-    prompt_ids = [p for m, p in plain if m == "greedy"]
+    plain = {(r.get("dtype", ""), r["mode"], r["prompt_id"]): r for r in records if r["mode"] in ("greedy", "sample")}
+    prompt_ids = list(dict.fromkeys(p for _, m, p in plain if m == "greedy"))
     width = 0.8 / max(len(multi), 1)
     for j, variant in enumerate(multi):
         by_prompt = {r["prompt_id"]: r for r in records if key(r) == variant}
         ratios = []
         for p in prompt_ids:
-            r, b = by_prompt[p], plain[(baseline_mode(variant[0]), p)]
+            r, b = by_prompt[p], plain[(variant[0], baseline_mode(variant[1]), p)]
             ratios.append(b["seconds"] / r["seconds"] * r["new_tokens"] / max(b["new_tokens"], 1))
-        ax.bar([i + j * width for i in range(len(prompt_ids))], ratios, width, label=variant_label(*variant))
+        ax.bar([i + j * width for i in range(len(prompt_ids))], ratios, width, label=label(variant))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(prompt_ids))], prompt_ids, rotation=60, ha="right")
     ax.set(ylabel="tokens/s vs plain (greedy or sampling)", title="Speedup per prompt")
@@ -434,7 +488,7 @@ def write_report(result, output_dir, *, environment=None):
     for variant in multi:
         steps = [n for r in records if key(r) == variant for n in r["accepted_per_step"]]
         if steps:
-            ax.hist(steps, bins=range(1, max(steps) + 2), alpha=0.6, align="left", label=variant_label(*variant))
+            ax.hist(steps, bins=range(1, max(steps) + 2), alpha=0.6, align="left", label=label(variant))
     ax.set(xlabel="tokens accepted per verify pass", ylabel="steps", title="Tokens per forward pass")
     ax.legend()
     fig.savefig(output_dir / "tokens_per_forward.png", dpi=120, bbox_inches="tight")

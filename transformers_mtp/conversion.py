@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
 
-from .generation_options import check_draft_tree_size
+from .generation_options import check_draft_lookup_num_tokens, check_draft_tree_size
 from .modeling_multi_token import MULTI_TOKEN_CLASSES, MultiTokenPredictionMixin
 
 logger = logging.get_logger(__name__)
@@ -22,7 +22,12 @@ _DROPPED_CONFIG_KEYS = ("quantization_config", "model_type", "architectures", "t
 
 
 def load_base_model(path, *, dtype=torch.float32):
-    """Load a local checkpoint folder or a GGUF file (dequantized, so it can be saved and trained)."""
+    """Load a local checkpoint folder or a GGUF file (dequantized, so it can be saved and trained). dtype: a
+    torch.dtype, or a name: "float32", "bfloat16", "float16", or "auto" (bfloat16 where the CPU computes it natively,
+    else float32; see precision.py)."""
+    from .precision import resolve_dtype
+
+    dtype, _ = resolve_dtype(dtype)
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
         from transformers import GgufConfig
@@ -45,7 +50,8 @@ DEFAULT_DRAFT_LOOKUP_NGRAM = 3
 
 
 def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, dtype=torch.float32,
-            draft_lookup_ngram=DEFAULT_DRAFT_LOOKUP_NGRAM, draft_tree_size=0, **head_config):
+            draft_lookup_ngram=DEFAULT_DRAFT_LOOKUP_NGRAM, draft_tree_size=0, draft_lookup_num_tokens=None,
+            **head_config):
     r"""
     Add multi-token-prediction heads to a pretrained causal LM.
 
@@ -61,7 +67,10 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
         draft_tree_size (`int`, *optional*, defaults to 0): default `generate(draft_tree_size=...)`, saved in
             generation_config.json: greedy decoding drafts this many tokens per step as a tree of candidates; 0
             drafts one chain.
-        dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path.
+        draft_lookup_num_tokens (`int`, *optional*): default `generate(draft_lookup_num_tokens=...)`, saved in
+            generation_config.json: the most drafts a step copies from the context; defaults to num_predict_heads - 1.
+        dtype (`torch.dtype` or `str`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path
+            (a name such as `"bfloat16"`, or `"auto"`: see `load_base_model`).
         head_config: further multi-token config fields (`head_rank`, `head_input`, `head_share_kv`,
             `head_loss_weights`).
 
@@ -86,6 +95,8 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     if not 1 <= num_predict_heads <= num_heads:
         raise ValueError(f"num_predict_heads={num_predict_heads} must be from 1 to num_heads={num_heads}.")
     check_draft_tree_size(draft_tree_size)
+    if draft_lookup_num_tokens is not None:
+        check_draft_lookup_num_tokens(draft_lookup_num_tokens)
 
     # Build on the meta device (nothing allocated), then take the base model's own modules: the base weights are
     # reused, not copied, and only the heads get real memory.
@@ -105,6 +116,7 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
         generation.pop(key, None)
     model.generation_config = GenerationConfig(
         **{**generation, "num_predict_heads": num_predict_heads, "draft_lookup_ngram": draft_lookup_ngram,
-           "draft_tree_size": draft_tree_size}
+           "draft_tree_size": draft_tree_size,
+           **({"draft_lookup_num_tokens": draft_lookup_num_tokens} if draft_lookup_num_tokens is not None else {})}
     )
     return model

@@ -25,7 +25,8 @@ def default_gguf_path() -> Path:
 
 
 def load_default_base(*, dtype=torch.float32):
-    """(base model, tokenizer) of SmolLM2-135M-Instruct, dequantized to a dense `LlamaForCausalLM`."""
+    """(base model, tokenizer) of SmolLM2-135M-Instruct, dequantized to a dense `LlamaForCausalLM`. dtype: a
+    torch.dtype or a name, "auto" included (see `load_base_model`)."""
     from transformers import AutoTokenizer
 
     from .conversion import load_base_model
@@ -42,7 +43,8 @@ DEFAULT_HEADS_SETTINGS = "multi_token.json"  # the convert() settings the shippe
 
 
 def load_default(*, dtype=torch.float32):
-    """(model, tokenizer): SmolLM2-135M-Instruct with the trained heads shipped in this package attached."""
+    """(model, tokenizer): SmolLM2-135M-Instruct with the trained heads shipped in this package attached. dtype: a
+    torch.dtype or a name, "auto" included (see `load_base_model`); exact greedy identity holds in float32."""
     import json
 
     from .conversion import convert

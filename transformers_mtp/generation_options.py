@@ -78,6 +78,11 @@ def resolve_draft_lookup_num_tokens(model, num_tokens, num_predict_heads, genera
     if num_tokens is None:
         num_tokens = _generation_config_value(model, "draft_lookup_num_tokens", generation_config) \
             or num_predict_heads - 1
+    return check_draft_lookup_num_tokens(num_tokens)
+
+
+def check_draft_lookup_num_tokens(num_tokens):
+    """`num_tokens` if it is a valid draft_lookup_num_tokens, else a ValueError naming it (generate() and convert())."""
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= 32:
         raise ValueError(
             f"draft_lookup_num_tokens={num_tokens!r} must be an integer from 0 to 32: the most drafts a step copies "

@@ -34,6 +34,9 @@ def save_head_settings(model, folder):
     settings = {key: getattr(model.config, key) for key in HEAD_SETTING_KEYS}
     settings["num_predict_heads"] = getattr(model.generation_config, "num_predict_heads", model.config.num_heads)
     settings["draft_tree_size"] = getattr(model.generation_config, "draft_tree_size", None) or 0
+    lookup_tokens = getattr(model.generation_config, "draft_lookup_num_tokens", None)
+    if lookup_tokens is not None:
+        settings["draft_lookup_num_tokens"] = lookup_tokens
     (Path(folder) / HEAD_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     draft_ids = model.draft_unembedding()[1]
     if draft_ids is not None:
