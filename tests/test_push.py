@@ -281,6 +281,13 @@ def test_measurements_of_a_fresh_bench_run_fill_the_card(saved, tmp_path):
 
     card = build_model_card(saved["folder"], repo_id="me/tiny", bench=read_bench_json(path))
     assert card.count("## Measured") == 1 and text in card and NOT_MEASURED not in card
+    # `bench --dtype float32 bfloat16`: each row says its dtype
+    both = [{**row, "dtype": dtype} for dtype in ("float32", "bfloat16") for row in result["summary"]]
+    path.write_text(json.dumps({**result, "summary": both, "environment": {"device": "cpu",
+                                                                          "dtype": "float32, bfloat16"}}))
+    text = format_measurements(read_bench_json(path))
+    assert "| bfloat16: verified multi-token, context lookup up to 3-grams | all (2) | 4 |" in text
+    assert "| float32: verified multi-token, context lookup up to 3-grams | all (2) | 4 |" in text
 
 
 def test_a_folder_card_is_kept_with_repo_id_and_measurements_filled_in(saved, tmp_path):

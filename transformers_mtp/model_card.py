@@ -122,6 +122,7 @@ def format_measurements(bench) -> str:
         "| head acceptance | identical to greedy |",
         "|---|---|---|---|---|---|---|",
     ]
+    several_dtypes = len({row.get("dtype") for row in rows}) > 1  # `bench --dtype float32 bfloat16`
     for row in rows:
         speedup = row["speedup"] or {}
         spread = (f"{speedup['median']:.2f}x [{speedup['min']:.2f}, {speedup['max']:.2f}]"
@@ -134,6 +135,8 @@ def format_measurements(bench) -> str:
             label += f", context lookup up to {row['lookup']}-grams"
         if row.get("tree_size"):
             label += f", draft tree of {row['tree_size']} tokens"
+        if several_dtypes:  # each row against plain greedy of its own dtype
+            label = f"{row['dtype']}: {label}"
         identical = "-" if row.get("exact_match_rate") is None else f"{row['exact_match_rate']:.0%}"
         lines.append(f"| {label} | {row['kind']} ({row['prompts']}) | {row['k']} "
                      f"| {row['tokens_per_forward']:.2f} | {spread} | {acceptance} | {identical} |")
