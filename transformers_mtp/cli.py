@@ -210,7 +210,9 @@ def cmd_demo(args):
         model = transformers_mtp.convert(base, num_heads=4).eval()
     k = args.num_predict_heads or model.generation_config.num_predict_heads
     tree = resolve_draft_tree_size(model, args.draft_tree_size)  # the value generate() will use, checked as it is
-    drafts = f"a tree of {tree} candidate tokens, {k - 1} deep," if tree else f"{k - 1} tokens"
+    lookup = getattr(model.generation_config, "draft_lookup_num_tokens", None) or k - 1
+    drafts = (f"a tree of {tree} candidate tokens, {k - 1} deep (plus up to {lookup} looked up in the text),"
+              if tree else f"{k - 1} tokens")
     print(f"{model.config.num_heads} heads ({model.config.head_type}), drafting {drafts} per step.")
     warm_up(model, chat_input_ids(tokenizer, "Hi"), num_predict_heads=k, draft_tree_size=tree)
     identical = kept_guarantee = 0
