@@ -46,7 +46,7 @@ def measure(model, tokenizer, reference, prompts, *, new_tokens=NEW_TOKENS):
         row = {"id": prompt["id"], "kind": prompt["kind"], "verified_tokens_are_argmax": verified_argmax,
                "greedy_median_margin": float(top2_margins(greedy_logits).median())}
         for name, sequences in (("greedy", greedy.sequences), ("verified", ours.sequences), ("prompt_lookup", lookup)):
-            agree, log_likelihood, _ = agreement_with(reference, sequences, start)
+            agree, log_likelihood = agreement_with(reference, sequences, start)
             row[name] = {"fp32_argmax_rate": agree, "fp32_log_likelihood": log_likelihood}
             if name != "greedy":
                 found = divergence(greedy.sequences[0, start:], greedy_logits, sequences[0, start:])

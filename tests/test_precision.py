@@ -121,10 +121,10 @@ def test_bf16_outputs_are_as_good_as_bf16_greedy_to_the_fp32_model(bf16_runs):
     runs, reference = bf16_runs
     ours_agree, greedy_agree, ours_ll, greedy_ll = [], [], [], []
     for start, greedy, ours in runs:
-        agree, log_likelihood, _ = agreement_with(reference, ours.sequences, start)
+        agree, log_likelihood = agreement_with(reference, ours.sequences, start)
         ours_agree.append(agree)
         ours_ll.append(log_likelihood)
-        agree, log_likelihood, _ = agreement_with(reference, greedy.sequences, start)
+        agree, log_likelihood = agreement_with(reference, greedy.sequences, start)
         greedy_agree.append(agree)
         greedy_ll.append(log_likelihood)
     mean = lambda values: sum(values) / len(values)  # noqa: E731

@@ -22,6 +22,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
+from .precision import NEAR_TIE_MARGIN, divergence, greedy_logits
+
 MODES = ("greedy", "verified", "unverified", "prompt_lookup", "sample", "verified_sample")
 MULTI_TOKEN_BENCH_MODES = ("verified", "unverified", "verified_sample")
 SAMPLING_MODES = ("sample", "verified_sample")
@@ -72,9 +74,9 @@ class RunRecord:
     memory_bytes: int = 0  # CUDA: peak allocated; CPU: parameters + the KV cache at the end
     datastore: bool | None = None  # draft_datastore (multi-token modes; None = the model's default)
     tree_size: int = 0  # draft_tree_size (verified greedy mode; 0 = one chain of drafts per step)
+    dtype: str = ""  # the model's dtype, e.g. "bfloat16" (each mode is compared with plain greedy of its own dtype)
     # where a greedy-mode output parted from plain greedy's (reduced precision): the new-token index, greedy's top-two
     # logit margin there, and that margin's rank among greedy's margins at every position (precision.Divergence)
-    dtype: str = ""  # the model's dtype, e.g. "bfloat16" (each mode is compared with plain greedy of its own dtype)
     divergence_position: int | None = None
     divergence_margin: float | None = None
     divergence_rank: float | None = None
@@ -182,19 +184,14 @@ def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=
     return out.sequences, record
 
 
-@torch.inference_mode()
 def locate_divergences(model, input_ids, greedy_sequences, parted, max_new_tokens):
     """Fill in where each (sequences, record) in `parted` left plain greedy's output, and how close greedy's top two
     logits were there: plain greedy runs once more, untimed, keeping its logits (it must give the same tokens)."""
-    from .precision import divergence
-
-    out = model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-                         output_logits=True)
-    if not torch.equal(out.sequences, greedy_sequences):
+    logits = greedy_logits(model, input_ids, greedy_sequences, max_new_tokens)  # [N, V]
+    if logits is None:
         raise RuntimeError("plain greedy decoding gave two different outputs for one prompt; the benchmark cannot "
                            "tell where the other modes part from it (is another process changing the thread count?)")
     start = input_ids.shape[1]
-    logits = torch.cat(out.logits)  # [N, V]
     for sequences, record in parted:
         found = divergence(greedy_sequences[0, start:], logits, sequences[0, start:])
         if found is not None:  # None: one output is a prefix of the other (a stop came earlier)
@@ -315,8 +312,6 @@ def summarize(records):
 def near_tie_summary(group):
     """Of the outputs that parted from plain greedy: how many, how many at a near-tie (greedy's top-two margin at
     most precision.NEAR_TIE_MARGIN), the largest margin and the median rank of the margins (see RunRecord)."""
-    from .precision import NEAR_TIE_MARGIN
-
     margins = [r.divergence_margin for r in group if r.divergence_margin is not None]
     return {"diverged": len(margins), "diverged_at_near_tie": sum(m <= NEAR_TIE_MARGIN for m in margins),
             "max_divergence_margin": max(margins) if margins else None,

@@ -255,12 +255,17 @@ def cmd_bench(args):
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was given but no CUDA device is visible; use --device cpu.")
-    dtypes = list(dict.fromkeys(resolve_dtype_argument(value, device) for value in args.dtype))
+    dtypes = {}  # dtype -> why; "auto" and the name it picks run once
+    for value in args.dtype:
+        dtype, why = resolve_dtype_argument(value, device)
+        dtypes.setdefault(dtype, why)
     if args.batch_sizes and len(dtypes) > 1:
-        raise ValueError("--batch-sizes measures one dtype; give a single --dtype with it.")
+        raise ValueError(f"--batch-sizes measures one dtype, but --dtype gave {' '.join(args.dtype)}; run the batches "
+                         "with a single --dtype.")
     prompts = load_prompts(args.prompts)[: args.limit]
+    datastores = [value == "on" for value in args.draft_datastore] if args.draft_datastore else None
     result = {"records": []}
-    for dtype, _ in dtypes:  # each dtype against plain greedy of its own dtype, on a model loaded in it
+    for dtype in dtypes:  # each dtype against plain greedy of its own dtype, on a model loaded in it
         torch.manual_seed(0)
         model, tokenizer = load_model_and_tokenizer(args.model, args.fresh_heads, dtype)
         model = model.to(device=device).eval()
@@ -268,7 +273,6 @@ def cmd_bench(args):
             prompt["input_ids"] = encode_prompt(tokenizer, prompt["prompt"], raw=args.raw).to(device)
         num_heads = model.config.num_heads
         ks = list(range(2, num_heads + 1)) if args.k_sweep else args.num_predict_heads
-        datastores = [value == "on" for value in args.draft_datastore] if args.draft_datastore else None
         one = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
                             lookups=args.draft_lookup_ngrams, datastores=datastores,
                             tree_sizes=args.draft_tree_sizes, max_new_tokens=args.max_new_tokens)
@@ -277,8 +281,8 @@ def cmd_bench(args):
             result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
                                                       k=ks[0] if ks else None, max_new_tokens=args.max_new_tokens)
     result["summary"] = summarize([RunRecord(**record) for record in result["records"]])
-    environment = {"device": str(device), "dtype": ", ".join(str(d).removeprefix("torch.") for d, _ in dtypes),
-                   "dtype_reason": "; ".join(why for _, why in dtypes),
+    environment = {"device": str(device), "dtype": ", ".join(str(d).removeprefix("torch.") for d in dtypes),
+                   "dtype_reason": "; ".join(dtypes.values()),
                    "native_bf16_cpu_flags": list(cpu_bf16_flags()), "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
                    "model": args.model or ("embedded SmolLM2-135M-Instruct, "

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .precision import NEAR_TIE_MARGIN, Divergence, divergence
+from .precision import NEAR_TIE_MARGIN, Divergence, divergence, greedy_logits
 
 
 @dataclass
@@ -75,11 +75,10 @@ def compare_with_greedy(model, input_ids, *, max_new_tokens=128, num_predict_hea
     identical = bool(torch.equal(greedy_ids, mtp_out.sequences))
     parted = None
     if not identical:  # where, and how close a call it was for greedy: rerun it untimed, keeping its logits
-        again = model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-                               output_logits=True, **generate_kwargs)
-        if torch.equal(again.sequences, greedy_ids):
+        logits = greedy_logits(model, input_ids, greedy_ids, max_new_tokens, **generate_kwargs)
+        if logits is not None:
             start = input_ids.shape[1]
-            parted = divergence(greedy_ids[0, start:], torch.cat(again.logits), mtp_out.sequences[0, start:])
+            parted = divergence(greedy_ids[0, start:], logits, mtp_out.sequences[0, start:])
     return Comparison(
         prompt_tokens=input_ids.shape[1],
         new_tokens=greedy_ids.shape[1] - input_ids.shape[1],
