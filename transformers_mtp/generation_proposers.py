@@ -189,7 +189,7 @@ class HeadProposer(DraftProposer):
         states, new_kv = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=key_mask, base_kv=base_kv, head_past=head_past, num_heads=width + 1,
-            choose_token=choose_token if chained else None,
+            choose_token=choose_token if chained else None, stacked=True,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
@@ -237,7 +237,7 @@ class HeadProposer(DraftProposer):
         normed, layer_input, next_tokens, positions, base_kv, _, key_mask = self.head_inputs(state, verified)
         states, _ = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
-            key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1,
+            key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1, stacked=True,
         )
         # states: [1, 1, depth, H] -> probs: [depth, V_draft]
         probs = torch.softmax(self.model.unembed(states[0, 0], self.draft_weight).float(), dim=-1)

@@ -44,6 +44,7 @@ from .modeling_draft_tables import DraftTablesMixin
 from .modeling_architectures import ARCHITECTURES, Architecture
 from .modeling_heads import HEAD_CLASSES, head_attention_mask
 from .modeling_losses import multi_token_loss
+from .modeling_stacked_heads import StackedHeads
 
 logger = logging.get_logger(__name__)
 
@@ -162,7 +163,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         return out.last_hidden_state, layer_input, out
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
-                     base_kv=None, head_past=None, num_heads=None, choose_token=None):
+                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=False):
         """
         Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
 
@@ -174,9 +175,12 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         heads are teacher-forced: head i + 1 reads the true token, `next_token_ids` shifted left by i + 1. A later
         head matters only when every earlier draft was accepted, and then its draft was the true token, so teacher
         forcing trains exactly what drafting uses.
+        stacked: run independent Llama-family heads that share keys/values as one (`StackedHeads`, inference only:
+        the drafting fast path); other heads run one by one.
         Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None).
         """
         heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
+        stacked = StackedHeads.of(self, len(heads)) if stacked and not torch.is_grad_enabled() else None
         if not self.uses_layer_input:
             # normed: [B, T, H] -> [B, T, K-1, H]
             return torch.stack([head(normed) for head in heads], dim=2), None
@@ -184,6 +188,11 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         sequential = self.config.head_input == "sequential"
         q_len = layer_input.shape[1]
         hidden, tokens = layer_input, next_token_ids if self.config.head_reads_next_token else None
+        if stacked is not None:
+            mask = head_attention_mask(q_len, base_kv[0].shape[2], key_padding_mask, device=layer_input.device)
+            output = stacked(layer_input, token_embeds=embed_tokens(tokens) if tokens is not None else None,
+                             position_embeddings=rotary(layer_input, position_ids), past_kv=base_kv, attn_mask=mask)
+            return final_norm(output), None
         states, new_kvs = [], []
         for i, head in enumerate(heads):
             if i == 0 or sequential:
