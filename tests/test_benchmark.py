@@ -141,3 +141,44 @@ def test_benchmark_reports_each_dtype_against_its_own_greedy_and_where_outputs_p
     assert "| float32 | verified k=3 lookup=3 (all) |" in table and "| bfloat16 | greedy (all) |" in table
     write_report({"records": records, "summary": summary, "max_new_tokens": 12}, tmp_path)
     assert (tmp_path / "speedup_per_prompt.png").is_file()
+
+
+def test_repeated_rounds_time_each_variant_by_its_median(monkeypatch):
+    import pytest
+
+    from transformers_mtp import benchmark
+
+    model = tiny_mtp("llama", num_heads=4, seed=3)
+    prompts = [{"id": f"p{i}", "kind": "code", "input_ids": torch.randint(3, VOCAB, (1, 6))} for i in range(2)]
+    clock = iter(range(10_000))  # the n-th perf_counter() call reads n^2 s: every round runs longer than the one before
+    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: float(next(clock)) ** 2)
+    result = run_benchmark(model, prompts, modes=["verified", "prompt_lookup"], max_new_tokens=8, repeats=3,
+                           warmup=False, progress=False)
+    assert result["repeats"] == 3 and len(result["records"]) == 2 * 3  # one record per prompt and variant
+    for record in result["records"]:
+        assert record["repeats"] == 3 and len(record["seconds_per_run"]) == 3
+        first, middle, last = record["seconds_per_run"]
+        assert first < middle < last and record["seconds"] == middle
+        assert record["identical"]  # greedy and verified decode the same text in every round
+    with pytest.raises(ValueError, match="repeats=0 must be a whole number >= 1"):
+        run_benchmark(model, prompts, modes=["verified"], repeats=0, warmup=False, progress=False)
+
+
+def test_rounds_that_decode_different_texts_are_an_error(monkeypatch):
+    import pytest
+
+    from transformers_mtp import benchmark
+
+    model = tiny_mtp("llama", num_heads=4, seed=3)
+    prompts = [{"id": "p0", "kind": "chat", "input_ids": torch.randint(3, VOCAB, (1, 6))}]
+    real_run_one, calls = benchmark.run_one, []
+
+    def drifting_run_one(*args, **kwargs):
+        sequences, record = real_run_one(*args, **kwargs)
+        calls.append(1)
+        return (sequences + 1 if len(calls) == 4 else sequences), record  # the second round's greedy differs
+
+    monkeypatch.setattr(benchmark, "run_one", drifting_run_one)
+    with pytest.raises(RuntimeError, match="gave two different outputs for prompt 'p0' with the same seed"):
+        run_benchmark(model, prompts, modes=["verified", "prompt_lookup"], max_new_tokens=6, repeats=2,
+                      warmup=False, progress=False)

@@ -80,6 +80,9 @@ class RunRecord:
     divergence_position: int | None = None
     divergence_margin: float | None = None
     divergence_rank: float | None = None
+    # how many times the prompt ran in this variant (`repeats`); seconds, ttft and tpot are the medians of those runs
+    repeats: int = 1
+    seconds_per_run: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_forward(self):
@@ -217,10 +220,23 @@ def benchmark_runs(modes, ks, thresholds=(0.0,), lookups=(0,), datastores=(None,
     return runs
 
 
+def _median_of_runs(runs):
+    """One record from the repeated runs of a variant on a prompt: the first's counts, the medians of the timings."""
+    record = runs[0]
+    record.seconds_per_run = [r.seconds for r in runs]
+    record.repeats = len(runs)
+    for name in ("seconds", "ttft", "tpot"):
+        setattr(record, name, statistics.median(getattr(r, name) for r in runs))
+    return record
+
+
 def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=None, lookups=None, datastores=None,
-                  tree_sizes=None, max_new_tokens=128, warmup=True, progress=True):
+                  tree_sizes=None, max_new_tokens=128, repeats=1, warmup=True, progress=True):
     """
-    prompts: dicts with `id`, `kind` and `input_ids` [1, T]. ks: tokens per step to measure for the multi-token and
+    prompts: dicts with `id`, `kind` and `input_ids` [1, T]. repeats: rounds per prompt, every variant once per round
+    (the order rotating from round to round); each variant's times are the median of its rounds, which damps the
+    bursts of a shared machine (a single round's ratios moved by 10-30% from run to run). ks: tokens per step to
+    measure for the multi-token and
     prompt-lookup modes (default: the generation config's num_predict_heads). thresholds: draft-confidence thresholds
     and lookups: context-lookup n-gram sizes of the verified modes (default: the
     generation config's); datastores: draft datastore on / off (True / False) of the multi-token modes (default: the
@@ -234,21 +250,32 @@ def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=None, look
     lookups = list(lookups or [getattr(config, "draft_lookup_ngram", None) or 0])
     tree_sizes = list(tree_sizes or [getattr(config, "draft_tree_size", None) or 0])
     runs = benchmark_runs(modes, ks, thresholds, lookups, list(datastores or [None]), tree_sizes)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be a whole number >= 1 (rounds per prompt).")
     if warmup:  # one-time costs (allocator growth, kernel choice) land outside the timing
         for mode, k, threshold, lookup, datastore, tree_size in runs:
             run_one(model, prompts[0]["input_ids"], mode=mode, k=k, threshold=threshold, lookup=lookup,
                     datastore=datastore, tree_size=tree_size, max_new_tokens=8)
     records = []
-    bar = tqdm(total=len(prompts) * len(runs), desc="bench", disable=not progress)
+    bar = tqdm(total=len(prompts) * len(runs) * repeats, desc="bench", disable=not progress)
     for index, prompt in enumerate(prompts):
-        order = runs[index % len(runs):] + runs[: index % len(runs)]  # rotate which mode runs first
-        outputs = {}
-        for mode, k, threshold, lookup, datastore, tree_size in order:
-            sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, threshold=threshold, lookup=lookup,
-                                        datastore=datastore, tree_size=tree_size, max_new_tokens=max_new_tokens,
-                                        seed=index, prompt_id=prompt["id"], kind=prompt["kind"])
-            outputs[(mode, k, threshold, lookup, datastore, tree_size)] = (sequences, record)
-            bar.update()
+        timed = {}  # variant -> (sequences, [records])
+        for round_ in range(repeats):
+            shift = (index * repeats + round_) % len(runs)
+            for variant in runs[shift:] + runs[:shift]:  # rotate which mode runs first
+                mode, k, threshold, lookup, datastore, tree_size = variant
+                sequences, record = run_one(model, prompt["input_ids"], mode=mode, k=k, threshold=threshold,
+                                            lookup=lookup, datastore=datastore, tree_size=tree_size,
+                                            max_new_tokens=max_new_tokens, seed=index, prompt_id=prompt["id"],
+                                            kind=prompt["kind"])
+                if variant in timed and not torch.equal(timed[variant][0], sequences):
+                    raise RuntimeError(
+                        f"{variant_label(*variant)} gave two different outputs for prompt {prompt['id']!r} with the "
+                        "same seed; repeated rounds must decode the same text (is another process changing the "
+                        "thread count?)")
+                timed.setdefault(variant, (sequences, []))[1].append(record)
+                bar.update()
+        outputs = {variant: (sequences, _median_of_runs(records)) for variant, (sequences, records) in timed.items()}
         greedy_sequences, greedy_record = outputs[("greedy", 1, 0.0, 0, None, 0)]
         for (mode, *_), (sequences, record) in outputs.items():
             if mode not in SAMPLING_MODES:
@@ -262,8 +289,8 @@ def run_benchmark(model, prompts, *, modes=MODES, ks=None, thresholds=None, look
             bar.set_postfix(speedup=f"{greedy_record.seconds / verified[0].seconds:.2f}x",
                             tau=f"{verified[0].tokens_per_forward:.2f}")
     bar.close()
-    return {"max_new_tokens": max_new_tokens, "sampling": SAMPLING, "records": [asdict(r) for r in records],
-            "summary": summarize(records)}
+    return {"max_new_tokens": max_new_tokens, "repeats": repeats, "sampling": SAMPLING,
+            "records": [asdict(r) for r in records], "summary": summarize(records)}
 
 
 def _spread(values):

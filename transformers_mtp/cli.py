@@ -275,7 +275,8 @@ def cmd_bench(args):
         ks = list(range(2, num_heads + 1)) if args.k_sweep else args.num_predict_heads
         one = run_benchmark(model, prompts, modes=args.modes, ks=ks, thresholds=args.draft_thresholds,
                             lookups=args.draft_lookup_ngrams, datastores=datastores,
-                            tree_sizes=args.draft_tree_sizes, max_new_tokens=args.max_new_tokens)
+                            tree_sizes=args.draft_tree_sizes, max_new_tokens=args.max_new_tokens,
+                            repeats=args.repeats)
         result = {**one, "records": result["records"] + one["records"]}
         if args.batch_sizes:
             result["batched"] = run_batched_benchmark(model, prompts, batch_sizes=args.batch_sizes,
@@ -421,6 +422,9 @@ def build_parser():
                        help="k values to measure (default: the generation config's; batches use the first)")
     bench.add_argument("--k-sweep", action="store_true", help="measure every k from 2 to num_heads")
     bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=1,
+                       help="rounds per prompt; each mode's time is the median of its rounds (3 damps a shared "
+                            "machine's bursts; default 1)")
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", nargs="+", default=["auto"], choices=DTYPE_CHOICES,
                        help="one or more; each is compared with plain greedy of its own dtype (auto: bfloat16 where "
