@@ -4,12 +4,15 @@ Measures, each as the median of 30 runs after warm-up, on top of a cache holding
   - the trunk pass over T = 1..6, 8, 12 and 16 new tokens (what verifying k = T tokens, or a draft tree of T - 1
     tokens, costs; trees pass a 4D mask, which costs the same as the causal one),
   - the lm_head multiply over 1..16 rows,
-  - one verified step with freshly converted heads, split into trunk+lm_head and drafting.
+  - one verified step with freshly converted heads, split into trunk+lm_head and drafting,
+  - the shipped heads drafting from one position, one head after another and stacked (`StackedHeads`, the decode
+    loop's path), in the dtype given (default float32).
 
-    python benchmarks/step_costs.py
+    python benchmarks/step_costs.py [float32|bfloat16]
 """
 
 import statistics
+import sys
 import time
 
 import torch
@@ -29,8 +32,29 @@ def median_ms(fn, runs=30):
     return 1000 * statistics.median(times)
 
 
+def shipped_heads_drafting(dtype):
+    """Median ms of the shipped heads' states from the last position of a chat prompt: the loop and stacked."""
+    from transformers_mtp.generation_cache import cache_layer_keys_values
+    from transformers_mtp.modeling_stacked_heads import StackedHeads
+
+    model, tokenizer = transformers_mtp.load_default(dtype=dtype)
+    ids = chat_input_ids(tokenizer, "Write a Python function that checks whether a string is a palindrome.")
+    normed, layer_input, out = model._trunk_forward(ids, use_cache=True)
+    kwargs = dict(normed=normed[:, -1:], layer_input=layer_input[:, -1:], next_token_ids=ids[:, -1:],
+                  position_ids=torch.tensor([[ids.shape[1] - 1]]), base_kv=cache_layer_keys_values(out.cache, -1))
+    loop = model._head_states(**kwargs)[0]
+    heads = StackedHeads.of(model, model.config.num_heads - 1)
+    stacked = model._head_states(**kwargs, stacked=heads)[0]
+    print(f"{dtype}: shipped heads' states, largest difference loop vs stacked: "
+          f"{(loop.float() - stacked.float()).abs().max().item():.3g}")
+    for _ in range(2):
+        print(f"{dtype}: 3 shipped heads from one position: loop {median_ms(lambda: model._head_states(**kwargs), 200):.2f}"
+              f" ms, stacked {median_ms(lambda: model._head_states(**kwargs, stacked=heads), 200):.2f} ms")
+
+
 @torch.inference_mode()
 def main():
+    shipped_heads_drafting(sys.argv[1] if len(sys.argv) > 1 else "float32")
     base, tokenizer = transformers_mtp.load_default_base()
     model = transformers_mtp.convert(base, num_heads=4).eval()
     ids = chat_input_ids(tokenizer, "Write a Python function that checks whether a string is a palindrome.")

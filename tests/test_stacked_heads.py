@@ -20,7 +20,7 @@ def head_states(model, ids, attention_mask=None, stacked=False, num_heads=None):
         return model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=attention_mask, base_kv=cache_layer_keys_values(out.cache, -1), num_heads=num_heads,
-            stacked=stacked)[0]
+            stacked=StackedHeads.of(model, model.config.num_heads - 1) if stacked else None)[0]
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
@@ -89,7 +89,7 @@ def test_stacked_heads_never_run_with_gradients(monkeypatch):
     monkeypatch.setattr(StackedHeads, "__call__", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     normed, layer_input, out = model._trunk_forward(ids, use_cache=True)
     model._head_states(normed=normed, layer_input=layer_input, next_token_ids=ids, position_ids=torch.arange(6)[None],
-                       base_kv=cache_layer_keys_values(out.cache, -1), stacked=True)
+                       base_kv=cache_layer_keys_values(out.cache, -1), stacked=StackedHeads.of(model, 3))
     assert calls == []  # grad enabled: the loop, whose weights train
     head_states(model, ids, stacked=True)
     assert calls == [1]

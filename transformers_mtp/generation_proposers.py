@@ -17,6 +17,7 @@ import torch
 from .generation_cache import cache_layer_keys_values
 from .generation_draft_sources import context_continuation, datastore_continuation
 from .generation_draft_tree import DRAFT_TREE_BRANCHING, DraftTree, grow_draft_tree
+from .modeling_stacked_heads import StackedHeads
 
 
 @dataclass
@@ -99,6 +100,8 @@ class HeadProposer(DraftProposer):
         self.threshold = threshold  # a row's head drafts stop at the first one the head is less sure of than this
         # the unembedding rows drafts are chosen from (all of them, or the draft vocabulary), computed once per call
         self.draft_weight, self.draft_ids = model.draft_unembedding()
+        # independent Llama-family query-extension heads run as one (None where they cannot), built once per call
+        self.stacked = StackedHeads.of(model, model.config.num_heads - 1)
         # own keys/values of `share_kv=False` heads, for the cache positions from `past_start` on (the heads never
         # saw the positions of a cache that came with the call)
         self.head_past = None
@@ -189,7 +192,7 @@ class HeadProposer(DraftProposer):
         states, new_kv = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=key_mask, base_kv=base_kv, head_past=head_past, num_heads=width + 1,
-            choose_token=choose_token if chained else None, stacked=True,
+            choose_token=choose_token if chained else None, stacked=self.stacked,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
@@ -237,7 +240,7 @@ class HeadProposer(DraftProposer):
         normed, layer_input, next_tokens, positions, base_kv, _, key_mask = self.head_inputs(state, verified)
         states, _ = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
-            key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1, stacked=True,
+            key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1, stacked=self.stacked,
         )
         # states: [1, 1, depth, H] -> probs: [depth, V_draft]
         probs = torch.softmax(self.model.unembed(states[0, 0], self.draft_weight).float(), dim=-1)

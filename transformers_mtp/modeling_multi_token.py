@@ -44,7 +44,6 @@ from .modeling_draft_tables import DraftTablesMixin
 from .modeling_architectures import ARCHITECTURES, Architecture
 from .modeling_heads import HEAD_CLASSES, head_attention_mask
 from .modeling_losses import multi_token_loss
-from .modeling_stacked_heads import StackedHeads
 
 logger = logging.get_logger(__name__)
 
@@ -163,7 +162,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         return out.last_hidden_state, layer_input, out
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
-                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=False):
+                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=None):
         """
         Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
 
@@ -175,12 +174,12 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         heads are teacher-forced: head i + 1 reads the true token, `next_token_ids` shifted left by i + 1. A later
         head matters only when every earlier draft was accepted, and then its draft was the true token, so teacher
         forcing trains exactly what drafting uses.
-        stacked: run independent Llama-family heads that share keys/values as one (`StackedHeads`, inference only:
-        the drafting fast path); other heads run one by one.
+        stacked: a `StackedHeads` of this model's heads (`StackedHeads.of`, built once per `generate` call): run them
+        as one (inference only: the drafting fast path). None, or with gradients on: one head after another.
         Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None).
         """
         heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
-        stacked = StackedHeads.of(self, len(heads)) if stacked and not torch.is_grad_enabled() else None
+        stacked = stacked.first(len(heads)) if stacked is not None and not torch.is_grad_enabled() else None
         if not self.uses_layer_input:
             # normed: [B, T, H] -> [B, T, K-1, H]
             return torch.stack([head(normed) for head in heads], dim=2), None

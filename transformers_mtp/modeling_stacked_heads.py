@@ -21,6 +21,8 @@ Qwen3's per-head norms) or biased MLPs take the per-head loop (`StackedHeads.of`
 Copied next to the weights by `save_pretrained`: imports only torch, transformers and `from .module import Name`.
 """
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,7 +87,10 @@ class StackedHeads:
 
     @staticmethod
     def _version_of(params):
-        return tuple((p.data_ptr(), p._version) for p in params)
+        # Tensors made under torch.inference_mode keep no version counter: for them an in-place change of a weight
+        # goes unseen and the stacked copy keeps the old value. That costs draft quality, never correctness (every
+        # draft is verified), and such tensors can only be changed in place inside inference mode.
+        return tuple((p.data_ptr(), None if p.is_inference() else p._version) for p in params)
 
     @classmethod
     def supports(cls, heads, config):
@@ -121,6 +126,19 @@ class StackedHeads:
                 cached = cls(heads)
             model.__dict__["_stacked_heads"] = cached
         return cached
+
+    def first(self, num_heads):
+        """The first `num_heads` of these heads (views of the stacked weights), for a shallower draft."""
+        if num_heads == self.num_heads:
+            return self
+        part = copy.copy(self)
+        part.num_heads = num_heads
+        for name in ("norm_in", "norm_post", "q", "q_bias", "o", "o_bias", "gate_up", "down"):
+            if getattr(self, name) is not None:
+                setattr(part, name, getattr(self, name)[:num_heads])
+        if self.token_fc is not None:
+            part.token_fc = self.token_fc[: num_heads * self.token_fc.shape[0] // self.num_heads]
+        return part
 
     def __call__(self, hidden, *, token_embeds, position_embeddings, past_kv, attn_mask):
         """hidden, token_embeds: [B, T, H]; position_embeddings: (cos, sin) [B, T, D]; past_kv: the base last layer's

@@ -130,7 +130,7 @@ def training_prompt_texts(data, limit=None):
 
 class _DistillModel:
     """The model that writes the answers: `model` itself, or a copy in `distill_dtype`, made only when an answer is
-    missing. On a CPU with native bfloat16 a batch of answers comes about twice as fast in bfloat16 (PLATFORM_NOTES);
+    missing. On a CPU with native bfloat16 the answers come faster in bfloat16 (benchmarks/distill_throughput.py);
     the targets are still the float32 model's argmax at every position (`cache_trunk_features`), so only the rare
     near-tie where bfloat16 greedy picks the other token differs from a float32 answer."""
 
