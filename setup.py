@@ -40,7 +40,8 @@ setup(
     # test: parameterized, numpy are imported by transformers' own common model tests (tests/transformers_suite.py)
     extras_require={
         "data": DATA_EXTRAS,
-        "test": ["pytest>=8", "parameterized>=0.9", "numpy>=1.17", *DATA_EXTRAS],
+        # pytest-xdist: one test worker per core (setup.cfg)
+        "test": ["pytest>=8", "pytest-xdist>=3.5,<4", "parameterized>=0.9", "numpy>=1.17", *DATA_EXTRAS],
     },
     entry_points={"console_scripts": ["transformers-mtp=transformers_mtp.cli:main"]},
 )

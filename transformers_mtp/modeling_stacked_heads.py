@@ -8,11 +8,12 @@ multiply and the attention one call, with the heads' queries side by side along 
 module for "n Linear layers with different weights on the same input" (`torch.func.vmap` over `functional_call`
 adds dispatch cost per op in eager mode, which is the cost this removes), so the few ops of a Llama-family layer
 are written out here, op for op as `LlamaRMSNorm`, `LlamaMLP` and the heads' own forward compute them: on the
-shipped heads the stacked states equal the loop's bit for bit in bfloat16 (tests/test_draft_tree.py checks
+shipped heads the stacked states equal the loop's bit for bit in bfloat16 (tests/test_stacked_heads.py checks
 equality within rounding on tiny models).
 
 Measured on the embedded default model in bfloat16 on a 2-core AMD EPYC (benchmarks/README.md, "Where a step's time
-goes"): 3 heads drafting from one position, 4.0-4.4 ms as a loop, 2.7-2.8 ms stacked.
+goes", `benchmarks/step_costs.py bfloat16`): 3 heads drafting from one position, 2.7-3.2 ms as a loop, 1.9-2.2 ms
+stacked.
 
 Only for inference: the stacked weights are copies, rebuilt whenever a head's weight changes (in place or replaced),
 and never trained; heads with PEFT layers still attached (not merged), other norms (Gemma's, GPT-2's LayerNorm,
