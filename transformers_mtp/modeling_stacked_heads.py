@@ -5,9 +5,10 @@ Each head is a decoder layer with its own weights, and when the heads draft inde
 attend over the base last layer's keys and values (`head_share_kv`), they all read the same input, positions and
 keys. Run one after another they cost three rounds of small kernels; stacked, each projection is one batched matrix
 multiply and the attention one call, with the heads' queries side by side along the query axis. torch has no
-module for "n Linear layers with different weights on the same input" (`torch.func.vmap` over `functional_call`
-adds dispatch cost per op in eager mode, which is the cost this removes), so the few ops of a Llama-family layer
-are written out here, op for op as `LlamaRMSNorm`, `LlamaMLP` and the heads' own forward compute them: on the
+module for "n Linear layers with different weights on the same input", and `torch.func.vmap` over the heads'
+stacked parameters was no faster than the loop (`benchmarks/step_costs.py bfloat16`, two measurements of 200 runs:
+vmap 2.8 / 3.0 ms, loop 3.3 / 2.4 ms, stacked 2.3 / 2.0 ms), so the few ops of a Llama-family layer are written out
+here, op for op as `LlamaRMSNorm`, `LlamaMLP` and the heads' own forward compute them: on the
 shipped heads the stacked states equal the loop's bit for bit in bfloat16 (tests/test_stacked_heads.py checks
 equality within rounding on tiny models).
 
