@@ -8,17 +8,14 @@ import os
 # identity tests need a fixed partitioning; set before torch loads MKL.
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 os.environ.setdefault("OMP_DYNAMIC", "FALSE")
-# Under pytest-xdist (setup.cfg runs one worker per core) each worker computes on one thread: two workers with two
-# threads each would contend for two cores. Set before torch starts its thread pool.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Under pytest-xdist (setup.cfg runs one worker per core) each worker computes on one thread: two workers with two
+# threads each would contend for two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 from transformers import (  # noqa: E402

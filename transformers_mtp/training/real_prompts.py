@@ -170,4 +170,4 @@ def mixed_prompts(sources=REAL_PROMPT_SOURCES, *, limit=None):
             texts = (p["prompt"] for p in training_prompts())
         streams.append(_tagged(texts, name))
     mixed = (p for group in itertools.zip_longest(*streams) for p in group if p is not None)
-    return list(itertools.islice(mixed, limit))
+    return list(itertools.islice(mixed, limit or None))  # no limit (None or 0): every prompt, as training_prompts

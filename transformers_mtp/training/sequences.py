@@ -13,7 +13,6 @@ from transformers.utils import logging
 
 from ..precision import resolve_dtype
 from .data import load_text_sequences, read_jsonl, self_distill
-from .prompts import training_prompts
 from .real_prompts import PROMPT_SOURCES, REAL_PROMPT_SOURCES, mixed_prompts
 
 logger = logging.get_logger(__name__)
@@ -106,13 +105,9 @@ def training_prompt_texts(data, limit=None):
         sources = list(data)
     else:
         sources = None
-    if sources == ["builtin"]:
-        return [p["prompt"] for p in training_prompts(limit=limit)]
     if sources is not None:
         return [p["prompt"] for p in mixed_prompts(sources, limit=limit)]
-    if not isinstance(data, (str, os.PathLike)):
-        prompts = _dataset_prompts(data)
-    elif Path(data).is_dir():
+    if not isinstance(data, (str, os.PathLike)) or Path(data).is_dir():
         prompts = _dataset_prompts(data)
     elif str(data).endswith(".jsonl") and Path(data).is_file():
         rows = [item for _, item in read_jsonl(data)]
@@ -130,8 +125,7 @@ def training_prompt_texts(data, limit=None):
 class _DistillModel:
     """The model that writes the answers: `model` itself, or a copy in `distill_dtype`, made only when an answer is
     missing. On a CPU with native bfloat16 the answers come 2.3x faster in bfloat16 (benchmarks/distill_throughput.py).
-    They part from the float32 answers at near-ties (21 of 32 did within 96 tokens) and go on as bfloat16 greedy
-    writes; the targets are still the float32 model's argmax at every position (`cache_trunk_features`)."""
+    They part from the float32 answers (21 of 32 did within 96 tokens) and go on as bfloat16 greedy writes; the targets are still the float32 model's argmax at every position (`cache_trunk_features`)."""
 
     def __init__(self, model, dtype):
         self.model = model
@@ -155,10 +149,10 @@ def training_sequences(model, tokenizer, settings, *, progress=True):
     position (`cache_trunk_features`), so it adds contexts the model itself writes, at no loss of target quality.
 
     With `data_cache`, responses are kept in JSONL files (greedy: `data_cache`; sampled: `data_cache` with a
-    `.sampled` suffix), one line per response in a fixed order. `distill_dtype` (default float32; "auto" or
-    bfloat16 are faster on hardware with native bfloat16) is the dtype the answers are generated in. A later run reuses them, and when it asks for more
+    `.sampled` suffix), one line per response in a fixed order. A later run reuses them, and when it asks for more
     it generates only the missing ones and appends them (a longer run need not redo the first hours of generation).
-    A cache made from other prompts or settings is an error, never silently reused."""
+    A cache made from other prompts or settings is an error, never silently reused. `distill_dtype` (default
+    float32; "auto" or bfloat16 are faster on hardware with native bfloat16) is the dtype the answers are written in."""
     data = settings.get("data", "builtin")
     prompts = training_prompt_texts(data, limit=settings.get("num_prompts", 640))
     if prompts is None:
