@@ -8,16 +8,21 @@ import os
 # identity tests need a fixed partitioning; set before torch loads MKL.
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 os.environ.setdefault("OMP_DYNAMIC", "FALSE")
+# Under pytest-xdist (setup.cfg runs one worker per core) each worker computes on one thread: two workers with two
+# threads each would contend for two cores. Set in the environment, not only with torch.set_num_threads below, so
+# that the subprocesses some tests start (a fresh interpreter loading a checkpoint) partition their GEMMs the same
+# way and reproduce this process's logits bit for bit.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Under pytest-xdist (setup.cfg runs one worker per core) each worker computes on one thread: two workers with two
-# threads each would contend for two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # in case torch was imported before this file (a plugin) and read the environment
 from transformers import (  # noqa: E402
     Gemma2Config,
     Gemma2ForCausalLM,
