@@ -18,15 +18,34 @@ from .adapters import save_head_settings
 from .checkpoints import list_checkpoints, save_recipe
 
 
+def on_policy_targets(targets, next_ids, teacher, offset):
+    """
+    `targets` [B, T] (shifted: `targets[t]` is the base model's argmax after position t) with -100 wherever head
+    `offset` at position t = s - offset would be scored on a path the base model would not have written: head i at t
+    predicts the base model's token t + 1 + i as if tokens t + 1 .. t + i were its own, but a text's tokens are not
+    always its argmax (teacher-forced conversations, bfloat16 answers, sampled answers). At inference every token a
+    head builds on was verified, i.e. is the argmax, so such targets (and the known next token a `feature_and_token`
+    head reads, `next_ids[t]`) teach what inference never asks. Prompt positions (teacher -100) are given text.
+    """
+    consistent = (next_ids == teacher) | (teacher == -100)  # [B, T]: the text's next token is the model's own
+    valid = torch.ones_like(consistent)
+    for j in range(offset):  # head `offset` at t needs tokens t + 1 .. t + offset to be the model's own
+        valid[:, : valid.shape[1] - j] &= consistent[:, j:]
+    masked = targets.clone()
+    masked[:, offset:] = torch.where(valid[:, : targets.shape[1] - offset], targets[:, offset:], -100)
+    return masked
+
+
 def features_loss(model, batch):
     """
     Loss of heads 1..K-1 from cached trunk features (head 0 is the frozen base: its loss is a constant and left out).
+    Each head is scored only where the text it builds on is the base model's own argmax (`on_policy_targets`).
     Returns (loss, per-head losses [K-1], per-head top-1 agreement counts [K-1, 2] as (agreed, scored)).
     """
     teacher, mask = batch["teacher"], batch["attention_mask"]
     batch_size, length = teacher.shape
     positions = torch.arange(length, device=teacher.device)[None].expand(batch_size, length)
-    share_kv = model.uses_layer_input and model.config.head_share_kv
+    share_kv = model.uses_layer_input and model.config.heads_share_base_kv
     states, _ = model._head_states(
         normed=batch["normed"], layer_input=batch.get("layer_input"), next_token_ids=batch.get("next_ids"),
         position_ids=positions, key_padding_mask=mask if bool((mask == 0).any()) else None,
@@ -45,8 +64,10 @@ def features_loss(model, batch):
     per_head, agreement = [], []
     for i in range(1, head_logits.shape[2] + 1):
         logits = head_logits[:, :, i - 1]
-        per_head.append(head_cross_entropy(logits, draft_targets, i))
-        target = targets[:, i:]
+        head_targets = on_policy_targets(targets, batch["next_ids"], teacher, i)
+        head_draft_targets = torch.where(head_targets == -100, head_targets, draft_targets)
+        per_head.append(head_cross_entropy(logits, head_draft_targets, i))
+        target = head_targets[:, i:]
         scored = target != -100  # agreement counts every target, in the draft vocabulary or not
         choice = logits[:, : length - i].argmax(-1)
         agreed = ((choice if draft_ids is None else draft_ids[choice]) == target) & scored
