@@ -405,3 +405,33 @@ def test_training_refuses_several_processes(tmp_path, monkeypatch):
         train_heads(model, greedy_sequences(model, count=4), HeadTrainingConfig(output_dir=str(tmp_path / "run")),
                     progress=False)
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_heads_are_scored_only_where_the_text_is_the_model_own_argmax():
+    from transformers_mtp.training.trainer import on_policy_targets
+
+    # positions 0-1 are prompt (teacher -100); teacher[t] is the argmax after position t, next_ids[t] the text's
+    # token there: they part after position 3 (99 instead of 6)
+    teacher = torch.tensor([[-100, -100, 5, 6, 7, 8, 9, 10]])
+    next_ids = torch.tensor([[1, 4, 5, 99, 7, 8, 9, 0]])
+    targets = torch.nn.functional.pad(teacher[:, :-1], (0, 1), value=-100)  # as features_loss shifts them
+    # head 1 at t is scored at targets[t + 1], unless the text's token after t is not the argmax (t = 3)
+    assert on_policy_targets(targets, next_ids, teacher, 1).tolist() == [[-100, -100, 5, 6, -100, 8, 9, -100]]
+    # head 2 at t also needs the token after t + 1 to be the argmax: t = 2 and t = 3 both build on the 99
+    assert on_policy_targets(targets, next_ids, teacher, 2).tolist() == [[-100, -100, 5, 6, -100, -100, 9, -100]]
+    # text that is the model's own everywhere is scored everywhere, as before
+    own = torch.tensor([[1, 4, 5, 6, 7, 8, 9, 0]])
+    assert torch.equal(on_policy_targets(targets, own, teacher, 2), targets)
+
+
+def test_features_loss_leaves_out_what_builds_on_text_the_model_would_not_write():
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="query_extension",
+                                     head_input="feature_and_token", head_rank=8)
+    sequences = greedy_sequences(model, count=2)
+    batch = collate_features(cache_trunk_features(model, sequences, progress=False))
+    _, _, own = features_loss(model, batch)
+    tampered = dict(batch, next_ids=batch["next_ids"].clone())
+    tampered["next_ids"][0, 10] = (tampered["next_ids"][0, 10] + 1) % VOCAB  # one token the model would not write
+    _, _, counts = features_loss(model, tampered)
+    # head i loses the i targets that build on that token (positions 10 - i + 1 .. 10 of row 0)
+    assert (own[:, 1] - counts[:, 1]).tolist() == [1, 2]
