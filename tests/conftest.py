@@ -69,8 +69,20 @@ HEAD_SETUPS = [
     ("query_extension", {"head_input": "feature_and_token"}),
     ("query_extension", {"head_input": "feature_and_token", "head_share_kv": False}),
     ("query_extension", {"head_input": "sequential"}),
+    ("chained", {}),
 ]
-HEAD_IDS = ["linear", "resblock", "qext", "qext-ownkv", "qext-token", "qext-token-ownkv", "qext-sequential"]
+HEAD_IDS = ["linear", "resblock", "qext", "qext-ownkv", "qext-token", "qext-token-ownkv", "qext-sequential", "chained"]
+CHAINED_ARCHS = ("llama", "mistral", "qwen2")  # the chained drafter's Llama-style layer (others raise, tested)
+
+
+@pytest.fixture(autouse=True)
+def _chained_drafter_on_its_architectures(request):
+    """Tests parametrized over head designs and architectures run the chained drafter on the architectures it
+    supports only; test_chained_drafter.py checks that the others get a clear error."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    chained = params.get("head_type") == "chained" or params.get("head_id") == "chained"
+    if chained and params.get("arch", "llama") not in CHAINED_ARCHS:
+        pytest.skip(f"head_type='chained' supports {', '.join(CHAINED_ARCHS)} models")
 
 
 def tiny_base(arch, seed=0):

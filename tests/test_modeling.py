@@ -196,7 +196,7 @@ def test_head_registry_entries_declare_what_training_needs(arch, head_type, extr
     """Every head type of the config has a registry entry whose LoRA targets and full-trained modules exist in the
     heads it builds, and whose reset brings a perturbed head back to its initial state."""
     from transformers_mtp.configuration_multi_token import HEAD_TYPES
-    from transformers_mtp.modeling_heads import HEAD_CLASSES
+    from transformers_mtp.modeling_multi_token import HEAD_CLASSES
 
     assert set(HEAD_CLASSES) == set(HEAD_TYPES)
     model = tiny_mtp(arch, head_type, randomize=False, **extra)

@@ -11,9 +11,17 @@ from dataclasses import dataclass
 from huggingface_hub.dataclasses import strict
 from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-HEAD_TYPES = ("linear", "resblock", "query_extension")
+HEAD_TYPES = ("linear", "resblock", "query_extension", "chained")
 HEAD_INPUTS = ("feature", "feature_and_token", "sequential")
 MAX_NUM_HEADS = 16  # beyond ~6 the far heads are almost never accepted (seed 000: "k 2-6, too large hurts quality")
+
+
+def default_feature_layers(num_hidden_layers):
+    """EAGLE-3's taps for the chained drafter: the hidden states after a low, a middle and a high layer (2, L / 2 and
+    L - 3), as indices of transformers' `hidden_states` (0 is the embeddings' output, i the output of layer i;
+    hidden_states[L] is the final norm's output, not a tap)."""
+    last = num_hidden_layers - 1
+    return sorted({min(2, last), num_hidden_layers // 2 if num_hidden_layers > 1 else 0, max(num_hidden_layers - 3, 0)})
 
 
 @dataclass(kw_only=True)
@@ -28,7 +36,10 @@ class MultiTokenConfigMixin:
         head_type (`str`, *optional*, defaults to `"resblock"`):
             Architecture of heads 1..num_heads-1: `"linear"` (a hidden x hidden map P_i in front of the shared
             unembedding, seed 000), `"resblock"` (Medusa-1, `h + SiLU(W h + b)` with W zero-initialised) or
-            `"query_extension"` (a copy of the last decoder layer whose query projection is extended per head).
+            `"query_extension"` (a copy of the last decoder layer whose query projection is extended per head) or
+            `"chained"` (EAGLE-3's drafter: one decoder layer, run once per draft, each reading the draft before it
+            and a fusion of the trunk's hidden states at `head_feature_layers`; Llama, Mistral and Qwen2 models;
+            modeling_chained_drafter.py). With `"chained"`, `num_heads - 1` is the chain's depth.
         head_rank (`int`, *optional*, defaults to 64):
             Rank of the low-rank query extension ΔW_q of each `query_extension` head (trained as PEFT LoRA); the
             articles suggest 32-128.
@@ -40,7 +51,11 @@ class MultiTokenConfigMixin:
             on the drafts before it. Needs `head_share_kv=True`.
         head_share_kv (`bool`, *optional*, defaults to `True`):
             Whether a `query_extension` head attends over the base last layer's keys and values (no extra cache) or
-            computes its own from its input.
+            computes its own from its input. The `"chained"` drafter always keeps its own.
+        head_feature_layers (`list[int]`, *optional*):
+            `"chained"` only: the trunk hidden states it fuses (indices of transformers' `hidden_states`: 0 is the
+            embeddings' output, i the output of layer i). Defaults to EAGLE-3's low, middle and high layers, e.g.
+            `[2, 15, 27]` for 30 layers.
         draft_vocab_size (`int`, *optional*):
             Draft over the `draft_vocab_size` tokens the base model emits most (chosen at training, EAGLE-3 style)
             instead of the whole vocabulary: drafting and head training get several times cheaper, and a token
@@ -61,16 +76,26 @@ class MultiTokenConfigMixin:
     head_input: str = "feature"
     head_share_kv: bool = True
     head_loss_weights: list[float] | None = None
+    head_feature_layers: list[int] | None = None
     draft_vocab_size: int | None = None
     draft_datastore_size: int | None = None
 
     @property
     def head_reads_next_token(self) -> bool:
-        """Whether (the first) query_extension head reads the embedding of the token known to come next."""
-        return self.head_input in ("feature_and_token", "sequential")
+        """Whether (the first) query_extension head, or the chained drafter, reads the embedding of the token known
+        to come next."""
+        return self.head_type == "chained" or self.head_input in ("feature_and_token", "sequential")
+
+    @property
+    def heads_share_base_kv(self) -> bool:
+        """Whether heads that read the last layer's input attend over the base last layer's keys and values (else
+        they keep their own: `head_share_kv=False`, and the chained drafter)."""
+        return self.head_share_kv and self.head_type != "chained"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)  # the base architecture's config (LlamaConfig / GPT2Config) first
+        if self.head_type == "chained" and self.head_feature_layers is None:
+            self.head_feature_layers = default_feature_layers(self.num_hidden_layers)
         self.validate_multi_token_fields()
 
     def validate_multi_token_fields(self):
@@ -92,6 +117,19 @@ class MultiTokenConfigMixin:
                 f"got head_type={self.head_type!r}, head_share_kv={self.head_share_kv}. Use head_type="
                 "'query_extension' with head_share_kv=True, or head_input='feature_and_token'."
             )
+        if self.head_feature_layers is not None:
+            layers = self.head_feature_layers
+            if self.head_type != "chained":
+                raise ValueError(f"head_feature_layers={layers} is read by head_type='chained' only; drop it, or set "
+                                 "head_type='chained'.")
+            if (not isinstance(layers, (list, tuple)) or not layers or len(set(layers)) != len(layers)
+                    or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
+                           for i in layers)):
+                raise ValueError(
+                    f"head_feature_layers={layers!r} must list distinct hidden-state indices from 0 (the embeddings) "
+                    f"to {self.num_hidden_layers - 1} (the last layer's input); e.g. EAGLE-3's low, middle and high "
+                    "layers."
+                )
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size} is out of range; pass 1 to vocab_size={self.vocab_size}, "

@@ -121,7 +121,7 @@ class HeadProposer(DraftProposer):
         last layer's cache.
         """
         v = verified
-        if self.model.uses_layer_input and not self.model.config.head_share_kv:
+        if self.model.uses_layer_input and not self.model.config.heads_share_base_kv:
             own_mask = state.attention_mask[:, self.past_start :]
             return v.normed, v.layer_input, v.next_tokens, v.positions, None, self.head_past, own_mask
         normed, layer_input, next_tokens, positions = (
@@ -188,11 +188,11 @@ class HeadProposer(DraftProposer):
                 return None
             return torch.cat(chosen)[:, None]
 
-        chained = self.model.config.head_input == "sequential"  # each head reads the draft before it
+        chained = self.model.drafts_in_chain  # each draft reads the draft before it
         states, new_kv = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=key_mask, base_kv=base_kv, head_past=head_past, num_heads=width + 1,
-            choose_token=choose_token if chained else None, stacked=self.stacked,
+            choose_token=choose_token if chained else None, stacked=self.stacked, last=verified.last,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by

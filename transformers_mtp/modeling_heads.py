@@ -407,5 +407,6 @@ class GPT2QueryExtensionHead(QueryExtensionHead):
         self._reset_token_fc()
 
 
-# head_type -> head class (the head registry); a new head type is one class above and one entry here
-HEAD_CLASSES = {"linear": LinearHead, "resblock": ResBlockHead, "query_extension": QueryExtensionHead}
+# head_type -> class of the heads that draft each depth on their own (modeling_multi_token.HEAD_CLASSES adds the
+# chained drafter, modeling_chained_drafter.py)
+INDEPENDENT_HEAD_CLASSES = {"linear": LinearHead, "resblock": ResBlockHead, "query_extension": QueryExtensionHead}

@@ -42,12 +42,15 @@ from .generation_draft_sources import DATASTORE_EMPTY_KEY
 from .generation_mixin import MultiTokenGenerationMixin
 from .modeling_draft_tables import DraftTablesMixin
 from .modeling_architectures import ARCHITECTURES, Architecture
-from .modeling_heads import HEAD_CLASSES, head_attention_mask
+from .modeling_chained_drafter import ChainedDraftLayer, chain_attention_mask
+from .modeling_heads import INDEPENDENT_HEAD_CLASSES, head_attention_mask
 from .modeling_losses import multi_token_loss
 
 logger = logging.get_logger(__name__)
 
 HEADS_PREFIX = "mtp_heads."
+# head_type -> head class (the head registry); a new head type is one class and one entry here
+HEAD_CLASSES = {**INDEPENDENT_HEAD_CLASSES, "chained": ChainedDraftLayer}
 
 
 @dataclass
@@ -89,9 +92,11 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
 
     def _build_heads(self):
         config = self.config
-        # One module per head, built in a loop: never `[Head()] * n`, which would share one module n times.
+        # One module per head, built in a loop: never `[Head()] * n`, which would share one module n times. A chained
+        # drafter is one module that drafts every depth.
+        count = 1 if self.drafts_with_one_layer else config.num_heads - 1
         self.mtp_heads = nn.ModuleList([self.head_class.build(config, self.query_extension_head_class)
-                                        for _ in range(config.num_heads - 1)])
+                                        for _ in range(count)])
         if config.draft_vocab_size is not None:
             # saved with the heads (key mtp_heads.draft_token_ids); set from the base model's outputs at training
             self.mtp_heads.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
@@ -117,13 +122,33 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
     def uses_layer_input(self):
         return self.head_class.reads_layer_input
 
+    @property
+    def drafts_with_one_layer(self):
+        """Whether one chained draft layer (`head_type="chained"`) drafts every depth, instead of a head per depth."""
+        return getattr(self.head_class, "chained", False)
+
+    @property
+    def drafts_in_chain(self):
+        """Whether each draft reads the draft before it (the chained drafter, `sequential` heads), so drafting goes
+        depth by depth instead of all heads at once."""
+        return self.drafts_with_one_layer or self.config.head_input == "sequential"
+
+    @property
+    def head_feature_indices(self):
+        """The trunk hidden states the heads read as their layer input (indices of `hidden_states`): the last layer's
+        input, or the chained drafter's taps (`head_feature_layers`), concatenated in that order."""
+        if self.drafts_with_one_layer:
+            return list(self.config.head_feature_layers)
+        return [self.config.num_hidden_layers - 1]
+
     # --- forward ------------------------------------------------------------------------------------------------
     def _trunk_forward(self, input_ids=None, *, attention_mask=None, position_ids=None, cache=None, use_cache=None,
                        inputs_embeds=None, need_layer_input=None, output_hidden_states=None, **kwargs):
         """
-        Run the frozen trunk. Returns (normed final hidden [B,T,H], input of the last layer [B,T,H] or None, the
-        trunk's output). `output_hidden_states` (else the config's): also return every layer's hidden states, as the
-        base model does; the heads' layer input is taken from them.
+        Run the frozen trunk. Returns (normed final hidden [B,T,H], the heads' layer input or None, the trunk's
+        output): the input of the last layer [B,T,H], or for the chained drafter its tapped hidden states concatenated
+        [B,T,n_taps*H] (`head_feature_indices`). `output_hidden_states` (else the config's): also return every
+        layer's hidden states, as the base model does; the heads' layer input is taken from them.
         """
         trunk = self._parts()[0]
         need_layer_input = self.uses_layer_input if need_layer_input is None else need_layer_input
@@ -133,15 +158,16 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         # input, n - 1 the final (normed) output; `output_hidden_states` may be a flag or indices (negative from the
         # end). The trunk is asked for the user's selection plus the last layer's input when the heads read it.
         n = self.config.num_hidden_layers + 1
+        taps = self.head_feature_indices if need_layer_input else []
         selected = None
         if not isinstance(output_hidden_states, bool) and output_hidden_states is not None:
             indices = [output_hidden_states] if isinstance(output_hidden_states, int) else list(output_hidden_states)
             selected = sorted({i % n for i in indices if -n <= i < n})
-            request = sorted(set(selected) | ({n - 2} if need_layer_input else set()))
+            request = sorted(set(selected) | set(taps))
         elif output_hidden_states:
             request = True
         else:
-            request = [n - 2] if need_layer_input else False
+            request = sorted(taps) if need_layer_input else False
         out = trunk(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -154,7 +180,10 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
             **kwargs,
         )
         # every index has a slot; a selection leaves the others None, as the base model returns them
-        layer_input = out.hidden_states[n - 2] if need_layer_input else None
+        layer_input = None
+        if need_layer_input:
+            tapped = [out.hidden_states[i] for i in taps]
+            layer_input = tapped[0] if len(tapped) == 1 else torch.cat(tapped, dim=-1)
         if selected is not None:
             out.hidden_states = tuple(h if i in selected else None for i, h in enumerate(out.hidden_states))
         elif not output_hidden_states:
@@ -162,7 +191,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         return out.last_hidden_state, layer_input, out
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
-                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=None):
+                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=None, last=None):
         """
         Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
 
@@ -176,8 +205,16 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         forcing trains exactly what drafting uses.
         stacked: a `StackedHeads` of this model's heads (`StackedHeads.of`, built once per `generate` call): run them
         as one (inference only: the drafting fast path). None, or with gradients on: one head after another.
-        Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None).
+        The chained drafter (`head_type="chained"`) reads `layer_input` (its taps) and its own past `head_past`; with
+        `choose_token` it drafts from each row's position `last` [B] only (`_chain_states`).
+        Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None); with
+        `choose_token`, chained states are [B, 1, n, H], at `last`.
         """
+        if self.drafts_with_one_layer:
+            return self._chain_states(layer_input=layer_input, next_token_ids=next_token_ids,
+                                      position_ids=position_ids, key_padding_mask=key_padding_mask,
+                                      head_past=head_past, num_steps=(num_heads or self.config.num_heads) - 1,
+                                      choose_token=choose_token, last=last)
         heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
         stacked = stacked.first(len(heads)) if stacked is not None and not torch.is_grad_enabled() else None
         if not self.uses_layer_input:
@@ -220,6 +257,53 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
                 hidden = output
         return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
 
+    def _chain_states(self, *, layer_input, next_token_ids, position_ids, key_padding_mask, head_past, num_steps,
+                      choose_token, last):
+        """
+        The chained drafter's states (modeling_chained_drafter.py). Step 1 runs at every given position (the text:
+        its keys and values are the drafter's cache, returned full, past ones first, as own-kv heads return theirs).
+        Without `choose_token` (training, `forward`): every later step at every position too, teacher-forced, each
+        attending the text's step-1 keys up to its position and its own chain's keys there (training-time test);
+        `[B, T, num_steps, H]`. With it (drafting): later steps only from each row's position `last`, each reading
+        the token `choose_token(step - 1, state)` chose; `[B, 1, n, H]`, n <= num_steps.
+        """
+        layer = self.mtp_heads[0]
+        _, _, final_norm, embed_tokens, rotary = self._parts()
+        batch, q_len, _ = layer_input.shape
+        past = head_past[0] if head_past else None
+        key_len = q_len + (past[0].shape[2] if past is not None else 0)
+        mask = head_attention_mask(q_len, key_len, key_padding_mask, device=layer_input.device)
+        hidden = layer.fuse(layer_input)
+        output, kv = layer.step(hidden, embed_tokens(next_token_ids), rotary(hidden, position_ids), past, mask)
+        text_kv = kv if past is None else (torch.cat([past[0], kv[0]], dim=2), torch.cat([past[1], kv[1]], dim=2))
+        keys = text_kv
+        if choose_token is None:  # training-time test: every step at every position
+            if mask is None:
+                mask = torch.ones((1, 1, q_len, key_len), dtype=torch.bool, device=layer_input.device)
+            states = [final_norm(output)]
+            for step in range(1, num_steps):
+                tokens = F.pad(next_token_ids[:, step:], (0, step), value=0)  # the text's token after the last draft
+                output, kv = layer.step(output, embed_tokens(tokens), rotary(output, position_ids + step), keys,
+                                        chain_attention_mask(mask, step + 1))
+                keys = (torch.cat([keys[0], kv[0]], dim=2), torch.cat([keys[1], kv[1]], dim=2))
+                states.append(final_norm(output))
+            return torch.stack(states, dim=2), [text_kv]
+        rows = torch.arange(batch, device=layer_input.device)
+        output, positions = output[rows, last][:, None], position_ids[rows, last][:, None]  # [B, 1, H], [B, 1]
+        text_mask = (key_padding_mask.bool() if key_padding_mask is not None
+                     else torch.ones((batch, key_len), dtype=torch.bool, device=layer_input.device))
+        text_mask = text_mask & (torch.arange(key_len, device=rows.device)[None] <= (key_len - q_len) + last[:, None])
+        states = [final_norm(output)]
+        for step in range(1, num_steps):
+            tokens = choose_token(step - 1, states[-1])
+            if tokens is None:
+                break  # no row wants more drafts
+            step_mask = torch.cat([text_mask, text_mask.new_ones((batch, step))], dim=1)[:, None, None, :]
+            output, kv = layer.step(output, embed_tokens(tokens), rotary(output, positions + step), keys, step_mask)
+            keys = (torch.cat([keys[0], kv[0]], dim=2), torch.cat([keys[1], kv[1]], dim=2))
+            states.append(final_norm(output))
+        return torch.stack(states, dim=2), [text_kv]
+
     def _forward_with_heads(self, input_ids=None, *, labels=None, cache=None, use_cache=None, attention_mask=None,
                             position_ids=None, inputs_embeds=None, logits_to_keep=0, shift_labels=None,
                             num_items_in_batch=None, **trunk_kwargs):
@@ -233,10 +317,10 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
                 f"use sequences of at least num_heads + 1 = {num_heads + 1} tokens."
             )
         past = int(cache.get_seq_length()) if cache is not None else 0
-        share_kv = self.uses_layer_input and self.config.head_share_kv
+        share_kv = self.uses_layer_input and self.config.heads_share_base_kv
         if past and self.uses_layer_input and not share_kv:
             raise ValueError(
-                f"query_extension heads with their own keys and values (head_share_kv=False) keep no cache of their own "
+                f"heads with their own keys and values (head_share_kv=False, head_type='chained') keep no cache of their own "
                 f"in forward(), so they cannot continue the {past} cached positions; call forward(..., "
                 "output_head_logits=True) on the whole sequence without a cache (generate() keeps their cache itself)."
             )

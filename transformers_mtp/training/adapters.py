@@ -26,7 +26,7 @@ DRAFT_TABLES = (
 
 HEAD_SETTINGS_FILE = "multi_token.json"  # the convert() settings to rebuild the model this adapter belongs to
 HEAD_SETTING_KEYS = ("num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
-                     "draft_vocab_size", "draft_datastore_size")
+                     "head_feature_layers", "draft_vocab_size", "draft_datastore_size")
 
 
 def save_head_settings(model, folder):

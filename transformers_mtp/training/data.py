@@ -134,7 +134,7 @@ def cache_trunk_features(model, sequences, *, all_features=False, batch_size=1, 
     """
     model.eval()
     with_layer_input = model.uses_layer_input or all_features
-    share_kv = (model.uses_layer_input and model.config.head_share_kv) or all_features
+    share_kv = (model.uses_layer_input and model.config.heads_share_base_kv) or all_features
     features = []
     for start in tqdm(range(0, len(sequences), batch_size), desc="caching trunk features", disable=not progress):
         chunk = sequences[start : start + batch_size]
