@@ -7,7 +7,8 @@ heads (Llama: 2 key/value heads), intermediate 37; GPT-2 inputs carry `token_typ
 tester), Llama's a right-padding `attention_mask`.
 
 Classes: architecture (Llama, GPT-2, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3) x head design (linear, resblock, query_extension, and query_extension with
-head_input="sequential", head_input="feature_and_token" or head_share_kv=False), each twice:
+head_input="sequential", head_input="feature_and_token" or head_share_kv=False; the chained drafter on Llama, Mistral
+and Qwen2), each twice:
 
 - `...Test`: the common inputs as transformers' testers make them. Without `labels` our forward is the base model's,
   so the heads run only in the loss / training tests.
@@ -208,7 +209,9 @@ HEAD_DESIGNS = {
     "QueryExtensionSequential": _heads("query_extension", head_input="sequential"),
     "QueryExtensionToken": _heads("query_extension", head_input="feature_and_token"),
     "QueryExtensionOwnKV": _heads("query_extension", head_share_kv=False),
+    "Chained": _heads("chained"),
 }
+CHAINED_ARCHES = ("llama", "mistral", "qwen2")  # the chained drafter's Llama-style layer (others raise, tested)
 HEAD_PATH_INPUTS = {"output_head_logits": True}
 
 
@@ -227,7 +230,8 @@ SEQUENTIAL_NEEDS_INPUT_IDS = (
 def expectations(cls):
     """{test name or name prefix ending in '*': (kind, reason, exception type)} for one of our test classes."""
     head_path = bool(cls.extra_inputs.get("output_head_logits"))
-    reads_tokens = cls.config_extra.get("head_input") in ("sequential", "feature_and_token")
+    reads_tokens = cls.config_extra.get("head_input") in ("sequential", "feature_and_token") or (
+        cls.config_extra.get("head_type") == "chained")
     out = {
         "test_can_init_all_missing_weights": ("skip", STRICT_LOADING, None),
         "test_correct_missing_keys": ("skip", STRICT_LOADING, None),
@@ -276,6 +280,8 @@ def _suite(name, arch_fields, config_extra, extra_inputs):
 # LlamaLinearTest, LlamaLinearHeadPathTest, ..., Qwen3QueryExtensionSequentialHeadPathTest
 for _arch_name, _arch in ARCHES.items():
     for _design, _config_extra in HEAD_DESIGNS.items():
+        if _config_extra["head_type"] == "chained" and _arch["arch"] not in CHAINED_ARCHES:
+            continue
         for _path, _inputs in (("", {}), ("HeadPath", HEAD_PATH_INPUTS)):
             _name = f"{_arch_name}{_design}{_path}Test"
             globals()[_name] = _suite(_name, _arch, _config_extra, _inputs)
