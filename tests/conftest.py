@@ -80,7 +80,8 @@ def _chained_drafter_on_its_architectures(request):
     """Tests parametrized over head designs and architectures run the chained drafter on the architectures it
     supports only; test_chained_drafter.py checks that the others get a clear error."""
     params = getattr(getattr(request.node, "callspec", None), "params", {})
-    chained = params.get("head_type") == "chained" or params.get("head_id") == "chained"
+    setup = params.get("setup")
+    chained = "chained" in (params.get("head_type"), params.get("head_id"), setup[0] if setup else None)
     if chained and params.get("arch", "llama") not in CHAINED_ARCHS:
         pytest.skip(f"head_type='chained' supports {', '.join(CHAINED_ARCHS)} models")
 

@@ -113,11 +113,43 @@ def test_sampling_keeps_the_base_distribution(arch):
         assert abs(counts[token] / 300 - probs[token]) < 0.1, (token, float(counts[token] / 300), float(probs[token]))
 
 
-def test_draft_tree_request_gets_a_clear_error():
-    model = tiny_mtp("llama", "chained")
-    with pytest.raises(ValueError, match="head_type='chained'"):
-        model.generate(torch.randint(3, VOCAB, (1, 5)), max_new_tokens=8, do_sample=False, multi_token_mode=True,
-                       draft_tree_size=4)
+@pytest.mark.parametrize("arch", CHAINED_ARCHS)
+def test_draft_trees_branch_and_keep_the_drafter_cache_of_the_accepted_text(arch, monkeypatch):
+    """The chained drafter's dynamic trees branch and go several drafts deep, and after each step its own cache
+    holds exactly the step-1 keys and values of the text so far (the accepted path's, none of a rejected branch)."""
+    from transformers_mtp.generation_proposers import HeadProposer
+
+    model = tiny_mtp(arch, "chained", num_heads=5)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    original, trees, checked = HeadProposer.propose_chain_tree, [], []
+
+    def checking(proposer, state, verified, tree, depth, size):
+        tree = original(proposer, state, verified, tree, depth, size)
+        trees.append(tree)
+        text = state.rows[0][None]
+        _, layer_input, _ = model._trunk_forward(text[:, :-1], need_layer_input=True, use_cache=False)
+        _, fresh = model._head_states(normed=None, layer_input=layer_input, next_token_ids=text[:, 1:],
+                                      position_ids=torch.arange(text.shape[1] - 1)[None], num_heads=2)
+        for got, want in zip(proposer.head_past[0], fresh[0]):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        checked.append(True)
+        return tree
+
+    monkeypatch.setattr(HeadProposer, "propose_chain_tree", checking)
+    expected = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    out = model.generate(prompt, max_new_tokens=30, do_sample=False, multi_token_mode=True, draft_tree_size=10,
+                         draft_lookup_ngram=0, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert len(checked) >= 5
+    assert any(len(children) >= 2 for tree in trees for children in tree.children)
+    assert max(max(tree.depths) for tree in trees) >= 2
+    # room for every candidate (4 + 3 x 16 at 4 per node, 4 nodes per depth): the tree goes num_heads - 1 deep
+    trees.clear()
+    out = model.generate(prompt, max_new_tokens=30, do_sample=False, multi_token_mode=True, draft_tree_size=60,
+                         draft_lookup_ngram=0)
+    assert torch.equal(out, expected)
+    assert max(max(tree.depths) for tree in trees) == 4 and max(tree.num_drafts for tree in trees) == 52
 
 
 def test_peft_trains_lora_and_the_new_parts_and_keeps_the_base(tmp_path):

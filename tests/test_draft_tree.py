@@ -13,9 +13,10 @@ from transformers_mtp.generation_draft_tree import DraftTree, grow_draft_tree
 from transformers_mtp.generation_proposers import Drafter
 from transformers_mtp.generation_state import DecodingState
 
-# head designs whose heads draft independently and share the base model's keys and values
+# head designs that draft trees: heads that draft independently and share the base model's keys and values, and
+# the chained drafter (its own dynamic tree, depth by depth)
 TREE_SETUPS = [(setup, name) for setup, name in zip(HEAD_SETUPS, HEAD_IDS)
-               if name in ("linear", "resblock", "qext", "qext-token")]
+               if name in ("linear", "resblock", "qext", "qext-token", "chained")]
 
 
 # --- building a tree ----------------------------------------------------------------------------------------------

@@ -18,9 +18,7 @@ def draft_tree_unsupported(model, generation_config, batch_size, verify, cache=N
                 f"do_sample={generation_config.do_sample}, batch size {batch_size})")
     if model.config.head_input == "sequential":
         return "heads that draft independently (these heads are chained: head_input='sequential')"
-    if model.drafts_with_one_layer:
-        return "heads that draft independently (this is one chained draft layer: head_type='chained')"
-    if model.uses_layer_input and not model.config.head_share_kv:
+    if model.uses_layer_input and not model.config.head_share_kv and not model.drafts_with_one_layer:
         return "heads that share the base model's keys and values (these have their own: head_share_kv=False)"
     if is_static_cache(cache):
         # a tree's nodes are cached past the accepted path before it is known; a static cache has no room for them

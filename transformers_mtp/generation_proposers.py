@@ -235,6 +235,8 @@ class HeadProposer(DraftProposer):
         for token in context.tolist():
             parent = tree.add(parent, token)
         size += tree.num_drafts
+        if self.model.drafts_with_one_layer:
+            return self.propose_chain_tree(state, verified, tree, depth, size)
         if depth == 0 or tree.num_drafts >= size:
             return tree
         normed, layer_input, next_tokens, positions, base_kv, _, key_mask = self.head_inputs(state, verified)
@@ -247,6 +249,59 @@ class HeadProposer(DraftProposer):
         top_probs, top_index = probs.topk(min(DRAFT_TREE_BRANCHING, probs.shape[-1]), dim=-1)
         top_tokens = self.draft_ids[top_index] if self.draft_ids is not None else top_index
         return grow_draft_tree(tree, top_tokens.tolist(), top_probs.tolist(), size=size, threshold=self.threshold)
+
+
+    def propose_chain_tree(self, state, verified, tree, depth, size):
+        """
+        The chained drafter's dynamic draft tree (EAGLE-2), grown on `tree` (the root and the context branch) to
+        `size` drafts. Depth by depth, each of the `DRAFT_TREE_BRANCHING` best nodes of the last depth (by the
+        product of the probabilities along its path, an estimate of the chance that verification keeps it) offers
+        its `DRAFT_TREE_BRANCHING` most probable next tokens, and the best of those run the draft layer together,
+        one step for the whole depth. Then the `size` best candidates of every depth make the tree: a parent scores
+        at least its child, so they form one. The drafter's cache of the text is extended in every case (its first
+        step runs over the accepted positions even when nothing is drafted).
+        """
+        normed, layer_input, next_tokens, positions, _, head_past, key_mask = self.head_inputs(state, verified)
+        candidates = []  # (score, parent candidate or -1 for the root, token)
+        frontier = [-1]  # the candidates whose states the layer's last step computed (-1: the text's own state)
+
+        def expand(step, states):
+            nonlocal frontier
+            if tree.num_drafts >= size:
+                return None
+            probs = torch.softmax(self.model.unembed(states[0], self.draft_weight).float(), dim=-1)  # [M, V_draft]
+            top_probs, top_index = probs.topk(min(DRAFT_TREE_BRANCHING, probs.shape[-1]), dim=-1)
+            top_tokens = self.draft_ids[top_index] if self.draft_ids is not None else top_index
+            offered = []
+            for node, (node_tokens, node_probs) in enumerate(zip(top_tokens.tolist(), top_probs.tolist())):
+                parent_score = candidates[frontier[node]][0] if frontier[node] >= 0 else 1.0
+                for token, prob in zip(node_tokens, node_probs):
+                    if prob >= self.threshold:
+                        candidates.append((parent_score * prob, frontier[node], token))
+                        offered.append((len(candidates) - 1, node))
+            if step + 1 >= depth or not offered:
+                return None
+            offered.sort(key=lambda item: -candidates[item[0]][0])
+            chosen = offered[:DRAFT_TREE_BRANCHING]
+            frontier = [candidate for candidate, _ in chosen]
+            parents = torch.tensor([node for _, node in chosen], device=states.device)
+            return parents, torch.tensor([[candidates[c][2] for c in frontier]], device=states.device)
+
+        _, new_kv = self.model._head_states(
+            normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
+            key_padding_mask=key_mask, head_past=head_past, num_heads=depth + 2, expand=expand, last=verified.last,
+        )  # depth + 1 steps: the text's, then one per depth whose candidates run (the last depth's only offer)
+        self.head_past = list(new_kv)
+        nodes = {}  # candidate -> tree node
+        # best first; a parent (never scored below its children) comes before them, ties broken by creation order
+        for index in sorted(range(len(candidates)), key=lambda c: (-candidates[c][0], c)):
+            if tree.num_drafts >= size:
+                break
+            score, parent, token = candidates[index]
+            if parent >= 0 and parent not in nodes:
+                continue  # its parent did not make the tree
+            nodes[index] = tree.add(nodes[parent] if parent >= 0 else 0, token)
+        return tree
 
 
 class Drafter:

@@ -191,7 +191,8 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         return out.last_hidden_state, layer_input, out
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
-                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=None, last=None):
+                     base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=None, last=None,
+                     expand=None):
         """
         Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
 
@@ -206,7 +207,8 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         stacked: a `StackedHeads` of this model's heads (`StackedHeads.of`, built once per `generate` call): run them
         as one (inference only: the drafting fast path). None, or with gradients on: one head after another.
         The chained drafter (`head_type="chained"`) reads `layer_input` (its taps) and its own past `head_past`; with
-        `choose_token` it drafts from each row's position `last` [B] only (`_chain_states`).
+        `choose_token` (a chain) or `expand` (a draft tree) it drafts from each row's position `last` [B] only
+        (`_chain_states`).
         Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None); with
         `choose_token`, chained states are [B, 1, n, H], at `last`.
         """
@@ -214,7 +216,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
             return self._chain_states(layer_input=layer_input, next_token_ids=next_token_ids,
                                       position_ids=position_ids, key_padding_mask=key_padding_mask,
                                       head_past=head_past, num_steps=(num_heads or self.config.num_heads) - 1,
-                                      choose_token=choose_token, last=last)
+                                      choose_token=choose_token, last=last, expand=expand)
         heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
         stacked = stacked.first(len(heads)) if stacked is not None and not torch.is_grad_enabled() else None
         if not self.uses_layer_input:
@@ -258,14 +260,18 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
 
     def _chain_states(self, *, layer_input, next_token_ids, position_ids, key_padding_mask, head_past, num_steps,
-                      choose_token, last):
+                      choose_token=None, last=None, expand=None):
         """
         The chained drafter's states (modeling_chained_drafter.py). Step 1 runs at every given position (the text:
         its keys and values are the drafter's cache, returned full, past ones first, as own-kv heads return theirs).
-        Without `choose_token` (training, `forward`): every later step at every position too, teacher-forced, each
-        attending the text's step-1 keys up to its position and its own chain's keys there (training-time test);
-        `[B, T, num_steps, H]`. With it (drafting): later steps only from each row's position `last`, each reading
-        the token `choose_token(step - 1, state)` chose; `[B, 1, n, H]`, n <= num_steps.
+        Without `choose_token` or `expand` (training, `forward`): every later step at every position too,
+        teacher-forced, each attending the text's step-1 keys up to its position and its own chain's keys there
+        (training-time test); `[B, T, num_steps, H]`.
+        Drafting, from each row's position `last` [B] on: `choose_token(step - 1, state [B, 1, H])` gives the token
+        [B, 1] the next step reads (a chain; states `[B, 1, n, H]`, n <= num_steps), or `expand(step - 1, states
+        [B, M, H])` gives (parents [M'] indices into the M nodes, tokens [B, M']): the next step runs on M' nodes at
+        once, each reading its parent's output and its token and attending only its own ancestors (a draft tree;
+        the states go to `expand` only, and None is returned for them). Either returns None to stop.
         """
         layer = self.mtp_heads[0]
         _, _, final_norm, embed_tokens, rotary = self._parts()
@@ -277,7 +283,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         output, kv = layer.step(hidden, embed_tokens(next_token_ids), rotary(hidden, position_ids), past, mask)
         text_kv = kv if past is None else (torch.cat([past[0], kv[0]], dim=2), torch.cat([past[1], kv[1]], dim=2))
         keys = text_kv
-        if choose_token is None:  # training-time test: every step at every position
+        if choose_token is None and expand is None:  # training-time test: every step at every position
             if mask is None:
                 mask = torch.ones((1, 1, q_len, key_len), dtype=torch.bool, device=layer_input.device)
             states = [final_norm(output)]
@@ -288,21 +294,41 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
                 keys = (torch.cat([keys[0], kv[0]], dim=2), torch.cat([keys[1], kv[1]], dim=2))
                 states.append(final_norm(output))
             return torch.stack(states, dim=2), [text_kv]
-        rows = torch.arange(batch, device=layer_input.device)
+        if expand is None:  # a chain: one node per step
+            def expand(step, state):
+                tokens = choose_token(step, state)
+                return None if tokens is None else (torch.zeros(1, dtype=torch.long, device=state.device), tokens)
+        device = layer_input.device
+        rows = torch.arange(batch, device=device)
         output, positions = output[rows, last][:, None], position_ids[rows, last][:, None]  # [B, 1, H], [B, 1]
         text_mask = (key_padding_mask.bool() if key_padding_mask is not None
-                     else torch.ones((batch, key_len), dtype=torch.bool, device=layer_input.device))
-        text_mask = text_mask & (torch.arange(key_len, device=rows.device)[None] <= (key_len - q_len) + last[:, None])
+                     else torch.ones((batch, key_len), dtype=torch.bool, device=device))
+        text_mask = text_mask & (torch.arange(key_len, device=device)[None] <= (key_len - q_len) + last[:, None])
+        # the drafted nodes so far: which of them each one sees (its ancestors and itself); the first step's state
+        # (at `last`) is the text's, no node
+        visible = torch.zeros((0, 0), dtype=torch.bool, device=device)
+        frontier = None  # node indices of the states in `output`
         states = [final_norm(output)]
         for step in range(1, num_steps):
-            tokens = choose_token(step - 1, states[-1])
-            if tokens is None:
-                break  # no row wants more drafts
-            step_mask = torch.cat([text_mask, text_mask.new_ones((batch, step))], dim=1)[:, None, None, :]
-            output, kv = layer.step(output, embed_tokens(tokens), rotary(output, positions + step), keys, step_mask)
+            choice = expand(step - 1, states[-1])
+            if choice is None:
+                break  # no more drafts wanted
+            parents, tokens = choice
+            count, known = tokens.shape[1], visible.shape[0]
+            sees = (visible[frontier[parents]] if frontier is not None
+                    else visible.new_zeros((count, known)))  # [M', known]: the parent's view, itself included
+            sees = torch.cat([sees, torch.eye(count, dtype=torch.bool, device=device)], dim=1)  # [M', known + M']
+            step_mask = torch.cat([text_mask[:, None, :].expand(batch, count, key_len),
+                                   sees[None].expand(batch, -1, -1)], dim=2)[:, None]  # [B, 1, M', K + known + M']
+            hidden = output[:, parents]
+            output, kv = layer.step(hidden, embed_tokens(tokens), rotary(hidden, (positions + step).expand(-1, count)),
+                                    keys, step_mask)
             keys = (torch.cat([keys[0], kv[0]], dim=2), torch.cat([keys[1], kv[1]], dim=2))
+            visible = torch.cat([F.pad(visible, (0, count)), sees], dim=0)
+            frontier = torch.arange(known, known + count, device=device)
             states.append(final_norm(output))
-        return torch.stack(states, dim=2), [text_kv]
+        chain = all(state.shape[1] == 1 for state in states)
+        return (torch.stack(states, dim=2) if chain else None), [text_kv]
 
     def _forward_with_heads(self, input_ids=None, *, labels=None, cache=None, use_cache=None, attention_mask=None,
                             position_ids=None, inputs_embeds=None, logits_to_keep=0, shift_labels=None,
