@@ -48,7 +48,8 @@ def main():
         variants = [(n, d, t) for n in args.lookups for d in (args.datastore if has_datastore else ["off"])
                     for t in args.tree_sizes]
         for lookup, datastore, tree_size in variants:
-            row = {"adapter": folder, "head_input": settings["head_input"], "lookup": lookup, "datastore": datastore,
+            design = settings["head_type"] if settings["head_type"] == "chained" else settings["head_input"]
+            row = {"adapter": folder, "head_input": design, "lookup": lookup, "datastore": datastore,
                    "tree_size": tree_size, "k": args.k or settings["num_predict_heads"]}
             for kind in ("code", "chat"):
                 tokens = forwards = identical = 0

@@ -435,3 +435,34 @@ def test_features_loss_leaves_out_what_builds_on_text_the_model_would_not_write(
     _, _, counts = features_loss(model, tampered)
     # head i loses the i targets that build on that token (positions 10 - i + 1 .. 10 of row 0)
     assert (own[:, 1] - counts[:, 1]).tolist() == [1, 2]
+
+
+def test_group_by_length_batches_sequences_of_similar_length(tmp_path, monkeypatch):
+    from transformers_mtp.training import run
+
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock")
+    generator = torch.Generator().manual_seed(0)
+    sequences = []
+    for i in range(70):  # lengths from 9 to 48
+        prompt = torch.randint(3, VOCAB, (1, 4), generator=generator)
+        out = model.generate(prompt, max_new_tokens=5 + i % 40, do_sample=False, eos_token_id=None)
+        sequences.append({"input_ids": out[0].tolist(), "prompt_length": 4})
+    seen = []
+    original = run.collate_features
+
+    def recording(items):
+        seen.append([item["teacher"].shape[0] for item in items])
+        return original(items)
+
+    monkeypatch.setattr(run, "collate_features", recording)
+    spreads = {}
+    for grouped in (False, True):
+        seen.clear()
+        config = HeadTrainingConfig(output_dir=str(tmp_path / f"run-{grouped}"), max_steps=16,
+                                    per_device_train_batch_size=4, eval_fraction=0.05, eval_steps=100, save_steps=100,
+                                    group_by_length=grouped)
+        train_heads(model, sequences, config, progress=False)
+        spreads[grouped] = sum(max(batch) - min(batch) for batch in seen[:16]) / 16  # the first epoch's batches
+    # 66 training sequences: LengthGroupedSampler sorts each random megabatch of 16 by length, so a batch of 4 spans
+    # about a fifth of the lengths; a random batch about 60%
+    assert spreads[True] < 0.5 * spreads[False], spreads

@@ -22,6 +22,8 @@ class HeadTrainingConfig:
             `draft_datastore_size`) when its most frequent continuation was seen at least this often.
         feature_batch_size (`int`, defaults to 1): sequences per trunk pass when caching features; raise it on a GPU
             (on a CPU a padded batch only adds work).
+        group_by_length (`bool`, defaults to False): batch sequences of similar length together (transformers'
+            `LengthGroupedSampler`), so that less of each batch is padding; pays where lengths vary (real prompts).
         overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
         resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
     """
@@ -41,6 +43,7 @@ class HeadTrainingConfig:
     seed: int = 0
     bf16: bool | None = None
     feature_batch_size: int = 1
+    group_by_length: bool = False
     datastore_min_count: int = 2
     overwrite: bool = False
     resume: bool = False

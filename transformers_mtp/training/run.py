@@ -99,6 +99,7 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         warmup_steps=config.warmup_ratio,  # a float below 1 is a ratio of the total steps
         lr_scheduler_type="cosine",
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
         eval_strategy="steps" if eval_features else "no",
         eval_steps=config.eval_steps,
         save_strategy="steps",

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..modeling_losses import aggregate_head_losses, head_cross_entropy
@@ -84,6 +85,18 @@ class HeadsTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self._agreement = None
         self.recipe = recipe  # written into each checkpoint (see `training_recipe`)
+
+    def _get_train_sampler(self, train_dataset=None):
+        # Trainer infers lengths from an `input_ids` key, which cached features have not: give them their own
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy == "group_by_length":
+            return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                        lengths=[item["teacher"].shape[0] for item in dataset])
+        return super()._get_train_sampler(train_dataset)
+
+    def _get_eval_sampler(self, eval_dataset):
+        # evaluation reads every held-out sequence once; its order changes nothing
+        return torch.utils.data.SequentialSampler(eval_dataset) if eval_dataset is not None else None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, _, agreement = features_loss(model.get_base_model(), inputs)
