@@ -28,6 +28,8 @@ HEADS = {
     "qext-token-draft-vocab": dict(head_type="query_extension", head_input="feature_and_token", draft_vocab_size=4),
     # chained heads: draft 2 is sampled from a q that depends on the sampled draft 1
     "qext-sequential-draft-vocab": dict(head_type="query_extension", head_input="sequential", draft_vocab_size=4),
+    # the chained drafter: one layer, each draft's q depends on the sampled drafts before it
+    "chained-draft-vocab": dict(head_type="chained", draft_vocab_size=4),
 }
 
 
