@@ -59,7 +59,8 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
         base (`LlamaForCausalLM`, `GPT2LMHeadModel`, `str` or `os.PathLike`):
             A loaded model, a local checkpoint folder, or a `.gguf` file.
         num_heads (`int`, *optional*, defaults to 4): tokens proposed per forward pass (head 0 is the base's own).
-        head_type (`str`, *optional*, defaults to `"resblock"`): `"linear"`, `"resblock"` or `"query_extension"`.
+        head_type (`str`, *optional*, defaults to `"resblock"`): `"linear"`, `"resblock"`, `"query_extension"` or
+            `"chained"` (one EAGLE-3-style draft layer for every depth; Llama, Mistral and Qwen2).
         num_predict_heads (`int`, *optional*): default tokens per step of `generate(multi_token_mode=True)`, saved in
             generation_config.json; defaults to `num_heads`.
         draft_lookup_ngram (`int`, *optional*, defaults to 3): default `generate(draft_lookup_ngram=...)`, saved in
@@ -72,7 +73,7 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
         dtype (`torch.dtype` or `str`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path
             (a name such as `"bfloat16"`, or `"auto"`: see `load_base_model`).
         head_config: further multi-token config fields (`head_rank`, `head_input`, `head_share_kv`,
-            `head_loss_weights`).
+            `head_loss_weights`, `head_feature_layers`).
 
     Returns the multi-token model. It shares the base model's modules (no copy of the base weights), so its base
     logits are bit-identical to the base model's; the new heads start as identity maps / copies of the last layer.
