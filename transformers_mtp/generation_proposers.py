@@ -250,7 +250,6 @@ class HeadProposer(DraftProposer):
         top_tokens = self.draft_ids[top_index] if self.draft_ids is not None else top_index
         return grow_draft_tree(tree, top_tokens.tolist(), top_probs.tolist(), size=size, threshold=self.threshold)
 
-
     def propose_chain_tree(self, state, verified, tree, depth, size):
         """
         The chained drafter's dynamic draft tree (EAGLE-2), grown on `tree` (the root and the context branch) to
