@@ -13,10 +13,9 @@ import json
 import time
 from pathlib import Path
 
-import torch
 
 import transformers_mtp
-from transformers_mtp.benchmark import run_benchmark, summarize
+from transformers_mtp.benchmark import run_benchmark
 from transformers_mtp.benchmark import load_prompts
 from transformers_mtp.training.data import chat_input_ids
 from transformers_mtp.presets import TRAIN_DATA_KEYS, load_preset

@@ -437,6 +437,51 @@ def test_features_loss_leaves_out_what_builds_on_text_the_model_would_not_write(
     assert (own[:, 1] - counts[:, 1]).tolist() == [1, 2]
 
 
+def test_kl_head_loss_is_the_divergence_from_the_base_distribution_at_the_predicted_position():
+    from transformers_mtp.modeling_losses import head_kl_divergence
+
+    torch.manual_seed(0)
+    teacher = torch.log_softmax(torch.randn(2, 6, 11), -1)
+    targets = torch.randint(0, 11, (2, 6))
+    targets[0, 4] = -100  # not scored
+    logits = torch.randn(2, 6, 11)
+    loss = head_kl_divergence(logits, teacher, targets, 2)
+    # reference: head at t against the base distribution at t + 2, over the scored positions only
+    terms = [torch.nn.functional.kl_div(torch.log_softmax(logits[b, t], -1), teacher[b, t + 2], log_target=True,
+                                        reduction="sum") for b in range(2) for t in range(4) if targets[b, t + 2] != -100]
+    assert torch.allclose(loss, torch.stack(terms).mean())
+    # a head whose distribution is the base model's at the predicted position has nothing left to learn
+    aligned = torch.nn.functional.pad(teacher[:, 2:], (0, 0, 0, 2))
+    assert head_kl_divergence(aligned, teacher, targets, 2).abs().item() < 1e-6
+
+
+@pytest.mark.parametrize("extra", [{}, {"draft_vocab_size": 40}], ids=["full-vocab", "draft-vocab"])
+def test_training_with_kl_head_loss_lowers_it_and_keeps_base_bit_identical(extra, tmp_path):
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="query_extension",
+                                     head_input="feature_and_token", head_rank=8, **extra)
+    sequences = greedy_sequences(model)
+    before = base_state(model)
+    config = HeadTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=40, per_device_train_batch_size=4,
+                                learning_rate=3e-3, eval_steps=40, save_steps=40, logging_steps=10, eval_fraction=0.2,
+                                head_loss="kl")
+    merged, metrics = train_heads(model, sequences, config, progress=False)
+    probe = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="query_extension",
+                                     head_input="feature_and_token", head_rank=8, **extra)
+    if "draft_vocab_size" in extra:
+        probe.set_draft_vocabulary(merged.draft_unembedding()[1])
+    eval_batch = collate_features(cache_trunk_features(probe, sequences[:6], progress=False))
+    kl_before = features_loss(probe, eval_batch, "kl")[0].item()
+    assert features_loss(merged, eval_batch, "kl")[0].item() < kl_before
+    assert all(torch.equal(v, base_state(merged)[k]) for k, v in before.items())
+    assert json.loads((tmp_path / "run" / "checkpoint-40" / "training_recipe.json").read_text()
+                      )["training"]["head_loss"] == "kl"
+
+
+def test_unknown_head_loss_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="head_loss='mse'.*'cross_entropy'.*'kl'"):
+        HeadTrainingConfig(output_dir=str(tmp_path / "run"), head_loss="mse")
+
+
 def test_group_by_length_batches_sequences_of_similar_length(tmp_path, monkeypatch):
     from transformers_mtp.training import run
 

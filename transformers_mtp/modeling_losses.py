@@ -24,6 +24,20 @@ def head_cross_entropy(logits, targets, offset, num_items_in_batch=None):
     return total / (target != -100).sum().clamp(min=1)
 
 
+def head_kl_divergence(logits, teacher_log_probs, targets, offset):
+    """
+    KL(base || head) of `logits` [B, T, V] at position t against the base model's distribution `teacher_log_probs`
+    [B, T, V] at t + offset (the one whose argmax `targets[t + offset]` is), over the positions where
+    `targets[t + offset]` is scored (not -100). Mean over those positions; 0 where none is scored.
+    """
+    length = logits.shape[1]
+    pred = F.log_softmax(logits[:, : length - offset].float(), dim=-1)
+    teacher = teacher_log_probs[:, offset:].float()
+    scored = targets[:, offset:].to(logits.device) != -100
+    per_position = (teacher.exp() * (teacher - pred)).sum(-1)
+    return (per_position * scored).sum() / scored.sum().clamp(min=1)
+
+
 def shifted_targets(labels=None, shift_labels=None):
     """The token after each position [B, T] (-100 where none): `shift_labels` as given, else `labels` shifted left."""
     if shift_labels is not None:

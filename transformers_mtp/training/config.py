@@ -4,6 +4,8 @@ and checkpoint intervals, draft datastore threshold, resume / overwrite)."""
 
 from dataclasses import dataclass
 
+HEAD_LOSSES = ("cross_entropy", "kl")  # see `features_loss`
+
 
 @dataclass
 class HeadTrainingConfig:
@@ -24,6 +26,8 @@ class HeadTrainingConfig:
             (on a CPU a padded batch only adds work).
         group_by_length (`bool`, defaults to False): batch sequences of similar length together (transformers'
             `LengthGroupedSampler`), so that less of each batch is padding; pays where lengths vary (real prompts).
+        head_loss (`str`, defaults to "cross_entropy"): "cross_entropy" against the base model's argmax, or "kl": KL
+            divergence from its distribution over the drafting vocabulary (soft targets; see `features_loss`).
         overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
         resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
     """
@@ -45,5 +49,11 @@ class HeadTrainingConfig:
     feature_batch_size: int = 1
     group_by_length: bool = False
     datastore_min_count: int = 2
+    head_loss: str = "cross_entropy"
     overwrite: bool = False
     resume: bool = False
+
+    def __post_init__(self):
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"head_loss={self.head_loss!r} is not a head loss; use 'cross_entropy' (against the base "
+                             "model's argmax) or 'kl' (against its distribution over the drafting vocabulary).")

@@ -14,9 +14,10 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..modeling_losses import aggregate_head_losses, head_cross_entropy
+from ..modeling_losses import aggregate_head_losses, head_cross_entropy, head_kl_divergence
 from .adapters import save_head_settings
 from .checkpoints import list_checkpoints, save_recipe
+from .config import HEAD_LOSSES
 
 
 def on_policy_targets(targets, next_ids, teacher, offset):
@@ -37,10 +38,13 @@ def on_policy_targets(targets, next_ids, teacher, offset):
     return masked
 
 
-def features_loss(model, batch):
+def features_loss(model, batch, head_loss="cross_entropy"):
     """
     Loss of heads 1..K-1 from cached trunk features (head 0 is the frozen base: its loss is a constant and left out).
     Each head is scored only where the text it builds on is the base model's own argmax (`on_policy_targets`).
+    `head_loss`: "cross_entropy" against the base model's argmax (what greedy verification accepts), or "kl": the KL
+    divergence from the base model's distribution over the drafting vocabulary (soft targets, EAGLE-3 / HASS; what
+    speculative sampling's acceptance depends on), recomputed here from the cached lm_head inputs.
     Returns (loss, per-head losses [K-1], per-head top-1 agreement counts [K-1, 2] as (agreed, scored)).
     """
     teacher, mask = batch["teacher"], batch["attention_mask"]
@@ -62,12 +66,20 @@ def features_loss(model, batch):
         lookup = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=targets.device)
         lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=targets.device)
         draft_targets = torch.where(targets == -100, targets, lookup[targets.clamp(min=0)])
+    if head_loss not in HEAD_LOSSES:
+        raise ValueError(f"head_loss={head_loss!r} is not one of {list(HEAD_LOSSES)}.")
+    if head_loss == "kl":  # the frozen base model's own distribution, restricted (and renormalised) to `weight`'s rows
+        with torch.no_grad():
+            teacher_log_probs = F.log_softmax(model.unembed(batch["normed"], weight).float(), dim=-1)
     per_head, agreement = [], []
     for i in range(1, head_logits.shape[2] + 1):
         logits = head_logits[:, :, i - 1]
         head_targets = on_policy_targets(targets, batch["next_ids"], teacher, i)
         head_draft_targets = torch.where(head_targets == -100, head_targets, draft_targets)
-        per_head.append(head_cross_entropy(logits, head_draft_targets, i))
+        if head_loss == "kl":
+            per_head.append(head_kl_divergence(logits, teacher_log_probs, head_targets, i))
+        else:
+            per_head.append(head_cross_entropy(logits, head_draft_targets, i))
         target = head_targets[:, i:]
         scored = target != -100  # agreement counts every target, in the draft vocabulary or not
         choice = logits[:, : length - i].argmax(-1)
@@ -81,10 +93,11 @@ def features_loss(model, batch):
 class HeadsTrainer(Trainer):
     """`Trainer` whose loss comes from cached trunk features, with per-head top-1 agreement in the logs."""
 
-    def __init__(self, *args, recipe=None, **kwargs):
+    def __init__(self, *args, recipe=None, head_loss="cross_entropy", **kwargs):
         super().__init__(*args, **kwargs)
         self._agreement = None
         self.recipe = recipe  # written into each checkpoint (see `training_recipe`)
+        self.head_loss = head_loss
 
     def _get_train_sampler(self, train_dataset=None):
         # Trainer infers lengths from an `input_ids` key, which cached features have not: give them their own
@@ -99,7 +112,7 @@ class HeadsTrainer(Trainer):
         return torch.utils.data.SequentialSampler(eval_dataset) if eval_dataset is not None else None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, _, agreement = features_loss(model.get_base_model(), inputs)
+        loss, _, agreement = features_loss(model.get_base_model(), inputs, self.head_loss)
         self._agreement = agreement.detach() + (self._agreement if self._agreement is not None else 0)
         return (loss, None) if return_outputs else loss
 
@@ -142,7 +155,7 @@ class HeadsTrainer(Trainer):
         losses, agreement = [], None
         for batch in self.get_eval_dataloader(eval_dataset):
             batch = self._prepare_inputs(batch)
-            loss, _, counts = features_loss(model, batch)
+            loss, _, counts = features_loss(model, batch, self.head_loss)
             losses.append(loss.item())
             agreement = counts if agreement is None else agreement + counts
         model.train(was_training)
