@@ -19,6 +19,7 @@ from .conversion import SUPPORTED_ARCHITECTURES, convert, load_base_model
 from .default_model import default_gguf_path, load_default, load_default_base
 from .generation_multi_token import MultiTokenGenerateOutput, MultiTokenStats
 from .hub import push_to_hub
+from .serving_export import export
 from .modeling_losses import multi_token_loss
 from .modeling_multi_token import (
     MULTI_TOKEN_CLASSES,
@@ -61,6 +62,7 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "convert",
     "default_gguf_path",
+    "export",
     "load_base_model",
     "load_default",
     "load_default_base",

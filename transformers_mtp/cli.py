@@ -189,6 +189,22 @@ def cmd_push(args):
     print(f'Load it anywhere with AutoModelForCausalLM.from_pretrained("{args.repo_id}", trust_remote_code=True)')
 
 
+def cmd_export(args):
+    from transformers_mtp.serving_export import export
+
+    if args.model_dir == "default" or any((Path(args.model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        model, tokenizer = load_model_and_tokenizer(None if args.model_dir == "default" else args.model_dir)
+    else:  # a folder without a tokenizer: the engine needs one beside the verifier, so say so
+        from transformers import AutoModelForCausalLM
+
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(args.model_dir, local_files_only=True), None
+        print(f"note: {args.model_dir} has no tokenizer; copy one into OUT_DIR/verifier before serving it")
+    out = export(model, args.output_dir, format=args.format, tokenizer=tokenizer,
+                 num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite)
+    print(f"Wrote {out}/verifier (the base model) and {out}/speculator ({args.format}); serving commands in "
+          f"{out}/README.md")
+
+
 def cmd_demo(args):
     import torch
 
@@ -376,6 +392,21 @@ def build_parser():
                       help="bench.json from `transformers-mtp bench` for the card's Measured section "
                            "(default: MODEL_DIR/bench.json if present)")
     push.set_defaults(func=cmd_push)
+
+    export = sub.add_parser("export", help="write trained heads as a vLLM / SGLang speculator (EAGLE-3 or Medusa)",
+                            epilog="examples:\n  transformers-mtp export runs/smollm2-chained/merged smollm2-eagle3 "
+                                   "--format eagle3\n  transformers-mtp export default smollm2-eagle3 --format eagle3"
+                                   "\n  transformers-mtp export my-resblock-mtp my-medusa --format medusa",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("model_dir", metavar="MODEL_DIR",
+                        help="converted checkpoint folder (convert, train's merged/), or 'default' for the shipped heads")
+    export.add_argument("output_dir", metavar="OUT_DIR", help="gets verifier/ (the base model), speculator/, README.md")
+    export.add_argument("--format", required=True, choices=["eagle3", "medusa"],
+                        help="eagle3: head_type chained; medusa: head_type resblock or linear")
+    export.add_argument("--num-speculative-tokens", type=int, default=None,
+                        help="drafts per step written into the speculator's config (default: num_heads - 1)")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    export.set_defaults(func=cmd_export)
 
     generate = sub.add_parser("generate", help="stream a multi-token generation, optionally compared with greedy",
                               epilog='example: transformers-mtp generate "Write a haiku about CPUs." --compare')

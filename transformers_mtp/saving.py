@@ -10,7 +10,7 @@ from pathlib import Path
 def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, write_extra=None, overwrite=False):
     """
     `save_pretrained` into a temporary sibling folder, then move it into place in one rename, so an interrupted
-    save leaves either the old folder or the complete new one. An existing non-empty `output_dir` is an error
+    save leaves either the old folder or the complete new one. `model=None`: only what `write_extra(folder)` writes. An existing non-empty `output_dir` is an error
     unless `overwrite=True`.
     """
     output_dir = Path(output_dir)
@@ -25,7 +25,8 @@ def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, write
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the saved folder gets the usual permissions
     try:
-        model.save_pretrained(staging)
+        if model is not None:
+            model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if model_card is not None:

