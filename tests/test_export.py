@@ -179,3 +179,5 @@ def test_export_command(tmp_path, capsys):
     # a head type the format cannot carry: one line that names the formats, exit status 2, nothing written
     assert main(["export", str(tmp_path / "mtp"), str(tmp_path / "out2"), "--format", "medusa"]) == 2
     assert "cannot be exported as 'medusa'" in capsys.readouterr().err and not (tmp_path / "out2").exists()
+    assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out3"), "--format", "eagle3"]) == 2
+    assert "is not a checkpoint folder" in capsys.readouterr().err

@@ -45,20 +45,32 @@ def serve(export_dir, tmp_path, *args):
     return json.loads(report.read_text())
 
 
-def test_a_tiny_random_export_round_trips_through_vllm(tmp_path):
-    """A random chained drafter on a tiny Llama with SmolLM2's tokenizer: vLLM loads both folders, and greedy
-    output with the speculator is vLLM's own without it (whatever the drafts, verification keeps it)."""
+def tiny_llama_with_smollm2_tokenizer():
+    """A tiny random Llama that vLLM's CPU back end runs (head_dim 64) with SmolLM2's tokenizer and chat template."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _, tokenizer = transformers_mtp.load_default_base()
     torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,  # head_dim 64, as vLLM CPU attention needs
-                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=len(tokenizer),
-                                        max_position_embeddings=2048, tie_word_embeddings=True,
-                                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
-    model = transformers_mtp.convert(base, num_heads=4, head_type="chained", draft_vocab_size=2048)
-    model.set_draft_vocabulary(torch.arange(2048))
-    out = export(model, tmp_path / "tiny", format="eagle3", tokenizer=tokenizer)
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=len(tokenizer), max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config), tokenizer
+
+
+@pytest.mark.parametrize("head_type,format", [("chained", "eagle3"), ("resblock", "medusa")])
+def test_a_tiny_random_export_round_trips_through_vllm(head_type, format, tmp_path):
+    """Random heads on a tiny Llama: vLLM loads both folders, drafts with the speculator, and its greedy output
+    with it is its own without it (whatever the drafts, verification keeps it)."""
+    base, tokenizer = tiny_llama_with_smollm2_tokenizer()
+    extra = {"draft_vocab_size": 2048} if head_type == "chained" else {}
+    model = transformers_mtp.convert(base, num_heads=4, head_type=head_type, **extra)
+    if head_type == "chained":  # an unsorted draft vocabulary: d2t must map every draft id back
+        model.set_draft_vocabulary(torch.randperm(len(tokenizer))[:2048])
+    with torch.no_grad():  # fresh resblock heads are zero (identity): make them draft something else
+        for param in model.mtp_heads.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    out = export(model, tmp_path / "tiny", format=format, tokenizer=tokenizer)
     report = serve(out, tmp_path, "--limit", "4", "--max-tokens", "24", "--batch", "4")
     assert report["identical"] == 4, report["identical_per_prompt"]
     assert report["speculative"]["drafts"] > 0  # the speculator ran

@@ -192,6 +192,9 @@ def cmd_push(args):
 def cmd_export(args):
     from transformers_mtp.serving_export import export
 
+    if args.model_dir != "default" and not (Path(args.model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"MODEL_DIR {args.model_dir!r} is not a checkpoint folder (no config.json); pass a "
+                                "folder written by convert, train (its merged/) or save_pretrained, or 'default'.")
     if args.model_dir == "default" or any((Path(args.model_dir) / name).is_file() for name in TOKENIZER_FILES):
         model, tokenizer = load_model_and_tokenizer(None if args.model_dir == "default" else args.model_dir)
     else:  # a folder without a tokenizer: the engine needs one beside the verifier, so say so
