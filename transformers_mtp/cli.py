@@ -398,11 +398,11 @@ def build_parser():
 
     export = sub.add_parser("export", help="write trained heads as a vLLM / SGLang speculator (EAGLE-3 or Medusa)",
                             epilog="examples:\n  transformers-mtp export runs/smollm2-chained/merged smollm2-eagle3 "
-                                   "--format eagle3\n  transformers-mtp export default smollm2-eagle3 --format eagle3"
-                                   "\n  transformers-mtp export my-resblock-mtp my-medusa --format medusa",
+                                   "--format eagle3\n  transformers-mtp export my-resblock-mtp my-medusa --format medusa",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     export.add_argument("model_dir", metavar="MODEL_DIR",
-                        help="converted checkpoint folder (convert, train's merged/), or 'default' for the shipped heads")
+                        help="converted checkpoint folder (convert, train's merged/), or 'default' (the shipped heads, "
+                             "when their head type has a format)")
     export.add_argument("output_dir", metavar="OUT_DIR", help="gets verifier/ (the base model), speculator/, README.md")
     export.add_argument("--format", required=True, choices=["eagle3", "medusa"],
                         help="eagle3: head_type chained; medusa: head_type resblock or linear")
