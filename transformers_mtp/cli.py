@@ -396,7 +396,7 @@ def build_parser():
                            "(default: MODEL_DIR/bench.json if present)")
     push.set_defaults(func=cmd_push)
 
-    export = sub.add_parser("export", help="write trained heads as a vLLM / SGLang speculator (EAGLE-3 or Medusa)",
+    export = sub.add_parser("export", help="write trained heads as a vLLM speculator (EAGLE-3 or Medusa)",
                             epilog="examples:\n  transformers-mtp export runs/smollm2-chained/merged smollm2-eagle3 "
                                    "--format eagle3\n  transformers-mtp export my-resblock-mtp my-medusa --format medusa",
                             formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,8 +10,8 @@ from pathlib import Path
 def save_atomically(model, output_dir, *, tokenizer=None, model_card=None, write_extra=None, overwrite=False):
     """
     `save_pretrained` into a temporary sibling folder, then move it into place in one rename, so an interrupted
-    save leaves either the old folder or the complete new one. `model=None`: only what `write_extra(folder)` writes. An existing non-empty `output_dir` is an error
-    unless `overwrite=True`.
+    save leaves either the old folder or the complete new one. `model=None`: only what `write_extra(folder)` writes.
+    An existing non-empty `output_dir` is an error unless `overwrite=True`.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())) and not overwrite:

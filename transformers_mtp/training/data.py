@@ -6,7 +6,8 @@ use too.
 Targets are the base model's **argmax** at every position, not the text's next tokens and not its distribution:
 verification accepts a draft exactly when it equals the base model's argmax, so the argmax is what a head must
 predict. On self-distilled (greedy) responses the two coincide; on other text the argmax is still the right target.
-A KL loss on the full distribution would spend capacity on probability mass that verification never rewards.
+That is the default; `head_loss="kl"` (training config) instead fits the base model's distribution over the
+drafting vocabulary (soft targets, which speculative sampling rewards), recomputed from the cached lm_head inputs.
 """
 
 import json

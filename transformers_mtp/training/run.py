@@ -116,7 +116,8 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,  # the cached features already live on the model's device
     )
-    trainer = HeadsTrainer(model=peft_model, args=args, recipe=recipe, head_loss=config.head_loss, train_dataset=ListDataset(train_features),
+    trainer = HeadsTrainer(model=peft_model, args=args, recipe=recipe, head_loss=config.head_loss,
+                           train_dataset=ListDataset(train_features),
                            eval_dataset=ListDataset(eval_features) if eval_features else None,
                            data_collator=collate_features)
     trainer.add_callback(AgreementInProgressBar(trainer))
