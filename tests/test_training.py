@@ -511,3 +511,32 @@ def test_group_by_length_batches_sequences_of_similar_length(tmp_path, monkeypat
     # 66 training sequences: LengthGroupedSampler sorts each random megabatch of 16 by length, so a batch of 4 spans
     # about a fifth of the lengths; a random batch about 60%
     assert spreads[True] < 0.5 * spreads[False], spreads
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_bf16_setting_is_the_precision_the_heads_loss_is_computed_in(bf16, tmp_path, monkeypatch):
+    # Accelerate autocasts the model's forward; the heads' loss never goes through it (cached features), so without
+    # the trainer's own autocast context `bf16=True` trained in float32
+    import transformers_mtp.training.trainer as trainer_module
+
+    seen = []
+    original = trainer_module.features_loss
+
+    def spy(model, batch, head_loss="cross_entropy"):
+        enabled = torch.is_autocast_enabled("cpu")
+        seen.append(torch.get_autocast_dtype("cpu") if enabled else None)
+        return original(model, batch, head_loss)
+
+    monkeypatch.setattr(trainer_module, "features_loss", spy)
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="chained", head_rank=8,
+                                     head_feature_layers=[0, 1])
+    sequences = greedy_sequences(model, count=10)
+    before = base_state(model)
+    config = HeadTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=4,
+                                eval_steps=3, save_steps=3, eval_fraction=0.2, bf16=bf16)
+    merged, _ = train_heads(model, sequences, config, progress=False)
+    training, evaluation = seen[:3], seen[3:]  # 3 steps, then the held-out batches, which run the saved weights
+    assert training == [torch.bfloat16 if bf16 else None] * 3
+    assert evaluation and set(evaluation) == {None}
+    assert all(p.dtype == torch.float32 for p in merged.mtp_heads.parameters())
+    assert all(torch.equal(v, base_state(merged)[k]) for k, v in before.items())

@@ -112,7 +112,12 @@ class HeadsTrainer(Trainer):
         return torch.utils.data.SequentialSampler(eval_dataset) if eval_dataset is not None else None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, _, agreement = features_loss(model.get_base_model(), inputs, self.head_loss)
+        # Accelerate applies `bf16` by wrapping the model's `forward` in autocast; the heads' loss comes from cached
+        # features through `_head_states`, never `forward`, so the mixed-precision context is entered here (without
+        # it `bf16=True` trained in float32). Losses are taken in float32 (modeling_losses.py); evaluation runs the
+        # saved float32 weights as they are.
+        with self.accelerator.autocast():
+            loss, _, agreement = features_loss(model.get_base_model(), inputs, self.head_loss)
         self._agreement = agreement.detach() + (self._agreement if self._agreement is not None else 0)
         return (loss, None) if return_outputs else loss
 
