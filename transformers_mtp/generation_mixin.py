@@ -45,6 +45,10 @@ class MultiTokenGenerationMixin:
           the heads' most probable continuations), all verified in one pass; 0 drafts one chain. A size from the
           generation config applies where trees can be drafted, and sampling or batches then draft chains; a size
           passed here with them raises.
+        - `draft_dtype` (defaults to `generation_config.draft_dtype`, else the model's dtype): "bfloat16", "float16"
+          or "float32": the heads draft from a copy of themselves in this dtype while the model verifies in its own,
+          so verified output is unchanged (a float32 model stays token for token greedy); cheaper drafts where the
+          hardware computes the dtype natively. Unverified mode emits the drafts, so there it changes the text.
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per

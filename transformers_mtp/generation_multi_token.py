@@ -133,7 +133,7 @@ def multi_token_decoding(
 def build_drafter(model, options, state, tree_size):
     """The draft sources `options` enable: context lookup, then the datastore, before the heads."""
     heads = HeadProposer(model, options.num_predict_heads, threshold=options.draft_confidence_threshold,
-                         past_length=state.past_length)
+                         past_length=state.past_length, draft_dtype=options.draft_dtype)
     sources = []
     if options.draft_lookup_ngram and options.draft_lookup_num_tokens:
         sources.append(ContextLookupProposer(options.draft_lookup_ngram, options.draft_lookup_num_tokens))

@@ -7,6 +7,10 @@ and `from .module import Name`.
 
 from dataclasses import dataclass
 
+import torch
+
+from .generation_draft_precision import DRAFT_DTYPES
+
 MULTI_TOKEN_MODES = ("verified", "unverified")
 MAX_DRAFT_TREE_SIZE = 64
 
@@ -108,9 +112,25 @@ def check_draft_tree_size(size):
     return size
 
 
+def resolve_draft_dtype(model, dtype, generation_config=None):
+    """`draft_dtype`, else the generation config's: the torch dtype the heads draft in, or None for the model's own
+    (also when it names the model's own dtype)."""
+    if dtype is None:
+        dtype = _generation_config_value(model, "draft_dtype", generation_config)
+    if dtype is None:
+        return None
+    resolved = DRAFT_DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+    if resolved not in DRAFT_DTYPES.values():
+        raise ValueError(
+            f"draft_dtype={dtype!r} must be one of {list(DRAFT_DTYPES)} (or that torch dtype): the precision the "
+            "heads draft in. Verification keeps the model's own dtype, so verified output does not depend on it."
+        )
+    return None if resolved == model.dtype else resolved
+
+
 # The multi-token options of `generate()`, in the order the docs list them
 MULTI_TOKEN_OPTIONS = ("num_predict_heads", "draft_confidence_threshold", "draft_lookup_ngram",
-                       "draft_lookup_num_tokens", "draft_datastore", "draft_tree_size")
+                       "draft_lookup_num_tokens", "draft_datastore", "draft_tree_size", "draft_dtype")
 
 
 @dataclass(frozen=True)
@@ -130,6 +150,7 @@ class MultiTokenOptions:
     draft_datastore: tuple | None = None
     draft_tree_size: int = 0
     draft_tree_from_config: bool = False
+    draft_dtype: torch.dtype | None = None
 
     @classmethod
     def resolve(cls, model, multi_token_mode=True, generation_config=None, **given):
@@ -155,6 +176,7 @@ class MultiTokenOptions:
             draft_datastore=resolve_draft_datastore(model, given.get("draft_datastore"), generation_config),
             draft_tree_size=resolve_draft_tree_size(model, given.get("draft_tree_size"), generation_config),
             draft_tree_from_config=given.get("draft_tree_size") is None,
+            draft_dtype=resolve_draft_dtype(model, given.get("draft_dtype"), generation_config),
         )
 
 

@@ -17,6 +17,7 @@ import torch
 from .generation_cache import cache_layer_keys_values
 from .generation_draft_sources import context_continuation, datastore_continuation
 from .generation_draft_tree import DRAFT_TREE_BRANCHING, DraftTree, grow_draft_tree
+from .generation_draft_precision import DraftingCopy
 from .modeling_stacked_heads import StackedHeads
 
 
@@ -94,7 +95,7 @@ class HeadProposer(DraftProposer):
     multiply would, and unlike it also serves heads that read the next token, which is known only after verification.
     """
 
-    def __init__(self, model, num_predict_heads, *, threshold, past_length):
+    def __init__(self, model, num_predict_heads, *, threshold, past_length, draft_dtype=None):
         self.model = model
         self.max_drafts = num_predict_heads - 1
         self.threshold = threshold  # a row's head drafts stop at the first one the head is less sure of than this
@@ -102,6 +103,11 @@ class HeadProposer(DraftProposer):
         self.draft_weight, self.draft_ids = model.draft_unembedding()
         # independent Llama-family query-extension heads run as one (None where they cannot), built once per call
         self.stacked = StackedHeads.of(model, model.config.num_heads - 1)
+        # `draft_dtype`: the heads draft from a copy in that dtype (generation_draft_precision.py); verification
+        # stays in the model's dtype
+        self.drafting = DraftingCopy.of(model, draft_dtype) if draft_dtype is not None else None
+        if self.drafting is not None:
+            self.draft_weight, self.stacked = self.drafting.draft_weight, self.drafting.stacked
         # own keys/values of `share_kv=False` heads, for the cache positions from `past_start` on (the heads never
         # saw the positions of a cache that came with the call)
         self.head_past = None
@@ -193,6 +199,7 @@ class HeadProposer(DraftProposer):
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=key_mask, base_kv=base_kv, head_past=head_past, num_heads=width + 1,
             choose_token=choose_token if chained else None, stacked=self.stacked, last=verified.last,
+            drafting=self.drafting,
         )
         if new_kv is not None:
             # Heads beyond `width` were skipped; their caches are stale, but the width (set by the token budget, not by
@@ -243,6 +250,7 @@ class HeadProposer(DraftProposer):
         states, _ = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=key_mask, base_kv=base_kv, num_heads=depth + 1, stacked=self.stacked,
+            drafting=self.drafting,
         )
         # states: [1, 1, depth, H] -> probs: [depth, V_draft]
         probs = torch.softmax(self.model.unembed(states[0, 0], self.draft_weight).float(), dim=-1)
@@ -289,6 +297,7 @@ class HeadProposer(DraftProposer):
         _, new_kv = self.model._head_states(
             normed=normed, layer_input=layer_input, next_token_ids=next_tokens, position_ids=positions,
             key_padding_mask=key_mask, head_past=head_past, num_heads=depth + 2, expand=expand, last=verified.last,
+            drafting=self.drafting,
         )  # depth + 1 steps: the text's, then one per depth whose candidates run (the last depth's only offer)
         self.head_past = list(new_kv)
         nodes = {}  # candidate -> tree node

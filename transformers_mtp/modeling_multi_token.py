@@ -81,6 +81,15 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         """(trunk, last decoder layer, final norm, token embedding, rotary embedding or None)"""
         return self.architecture.parts(self)
 
+    def _drafting_parts(self, drafting=None):
+        """(final norm, token embedding, rotary embedding or None) the heads run with: the model's own, or with a
+        `DraftingCopy` its final norm and the embedding's rows cast to its dtype as they are looked up (a copy of the
+        whole table would cost more memory than the lookup saves)."""
+        _, _, final_norm, embed_tokens, rotary = self._parts()
+        if drafting is None:
+            return final_norm, embed_tokens, rotary
+        return drafting.final_norm, (lambda ids: drafting.cast(embed_tokens(ids))), rotary
+
     @property
     def query_extension_head_class(self):
         return self.architecture.query_extension_head
@@ -192,7 +201,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
 
     def _head_states(self, *, normed, layer_input, next_token_ids, position_ids, key_padding_mask=None,
                      base_kv=None, head_past=None, num_heads=None, choose_token=None, stacked=None, last=None,
-                     expand=None):
+                     expand=None, drafting=None):
         """
         Inputs of the shared lm_head for heads 1..num_heads-1 at every given position.
 
@@ -211,18 +220,23 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         (`_chain_states`).
         Returns ([B, T, n, H] with n <= num_heads - 1, per-head new (keys, values) for own-kv heads or None); with
         `choose_token`, chained states are [B, 1, n, H], at `last`.
+        drafting: a `DraftingCopy` (generation_draft_precision.py): run its copies of the heads and final norm, in
+        its dtype, instead (inference only; `stacked` should then be its stacked form). States come in that dtype.
         """
+        if drafting is not None:  # the inputs in the drafting copy's dtype; own-kv heads' past already is
+            normed, layer_input = drafting.cast(normed), drafting.cast(layer_input)
+            base_kv = tuple(drafting.cast(x) for x in base_kv) if base_kv is not None else None
         if self.drafts_with_one_layer:
             return self._chain_states(layer_input=layer_input, next_token_ids=next_token_ids,
                                       position_ids=position_ids, key_padding_mask=key_padding_mask,
                                       head_past=head_past, num_steps=(num_heads or self.config.num_heads) - 1,
-                                      choose_token=choose_token, last=last, expand=expand)
-        heads = self.mtp_heads[: (num_heads or self.config.num_heads) - 1]
+                                      choose_token=choose_token, last=last, expand=expand, drafting=drafting)
+        heads = (self.mtp_heads if drafting is None else drafting.heads)[: (num_heads or self.config.num_heads) - 1]
         stacked = stacked.first(len(heads)) if stacked is not None and not torch.is_grad_enabled() else None
         if not self.uses_layer_input:
             # normed: [B, T, H] -> [B, T, K-1, H]
             return torch.stack([head(normed) for head in heads], dim=2), None
-        _, _, final_norm, embed_tokens, rotary = self._parts()
+        final_norm, embed_tokens, rotary = self._drafting_parts(drafting)
         sequential = self.config.head_input == "sequential"
         q_len = layer_input.shape[1]
         hidden, tokens = layer_input, next_token_ids if self.config.head_reads_next_token else None
@@ -260,7 +274,7 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         return torch.stack(states, dim=2), (None if self.config.head_share_kv else new_kvs)
 
     def _chain_states(self, *, layer_input, next_token_ids, position_ids, key_padding_mask, head_past, num_steps,
-                      choose_token=None, last=None, expand=None):
+                      choose_token=None, last=None, expand=None, drafting=None):
         """
         The chained drafter's states (modeling_chained_drafter.py). Step 1 runs at every given position (the text:
         its keys and values are the drafter's cache, returned full, past ones first, as own-kv heads return theirs).
@@ -273,8 +287,8 @@ class MultiTokenPredictionMixin(DraftTablesMixin, MultiTokenGenerationMixin):
         once, each reading its parent's output and its token and attending only its own ancestors (a draft tree;
         the states go to `expand` only, and None is returned for them). Either returns None to stop.
         """
-        layer = self.mtp_heads[0]
-        _, _, final_norm, embed_tokens, rotary = self._parts()
+        layer = (self.mtp_heads if drafting is None else drafting.heads)[0]
+        final_norm, embed_tokens, rotary = self._drafting_parts(drafting)
         batch, q_len, _ = layer_input.shape
         past = head_past[0] if head_past else None
         key_len = q_len + (past[0].shape[2] if past is not None else 0)
