@@ -99,7 +99,7 @@ def test_the_model_dtype_needs_no_copy_and_a_changed_head_rebuilds_it():
 @pytest.mark.parametrize("value", ["int8", "bf16", torch.int32, 16])
 def test_bad_draft_dtype_is_a_clear_error(value):
     model = converted("llama", "resblock", {})
-    with pytest.raises(ValueError, match=r"draft_dtype=.*must be one of \['float32', 'bfloat16', 'float16'\]"):
+    with pytest.raises(ValueError, match=r"draft_dtype=.*must be one of \['auto', 'float32', 'bfloat16', 'float16'\]"):
         model.generate(prompts(1)[0], max_new_tokens=4, multi_token_mode=True, draft_dtype=value)
 
 
@@ -107,3 +107,18 @@ def test_draft_dtype_without_multi_token_mode_is_refused():
     model = converted("llama", "resblock", {})
     with pytest.raises(ValueError, match="draft_dtype=bfloat16 only applies with multi_token_mode=True"):
         model.generate(prompts(1)[0], max_new_tokens=4, draft_dtype="bfloat16")
+
+
+def test_auto_drafts_in_bfloat16_only_where_a_float32_model_runs_on_native_bfloat16(monkeypatch):
+    import transformers_mtp.generation_draft_precision as draft_precision
+    from transformers_mtp.generation_options import resolve_draft_dtype
+
+    model = converted("llama", "query_extension", {})
+    monkeypatch.setattr(draft_precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    assert resolve_draft_dtype(model, "auto") == torch.bfloat16
+    assert resolve_draft_dtype(model.to(torch.bfloat16), "auto") is None  # already drafting in bfloat16
+    monkeypatch.setattr(draft_precision, "cpu_bf16_flags", lambda: ())  # emulated bfloat16 would be slower
+    assert resolve_draft_dtype(model.to(torch.float32), "auto") is None
+    model.generation_config.draft_dtype = "auto"  # from the generation config, as convert() would save it
+    monkeypatch.setattr(draft_precision, "cpu_bf16_flags", lambda: ("amx_bf16",))
+    assert resolve_draft_dtype(model, None) == torch.bfloat16

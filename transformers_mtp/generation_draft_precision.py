@@ -14,12 +14,44 @@ Copied next to the weights by `save_pretrained`: imports only torch, transformer
 """
 
 import copy
+from pathlib import Path
 
 import torch
 
 from .modeling_stacked_heads import StackedHeads
 
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# CPU flags (Linux /proc/cpuinfo) of native bfloat16 arithmetic: AVX512-BF16 (AMD Zen 4+, Intel Cooper Lake+) and
+# AMX-BF16 (Intel Sapphire Rapids+). torch has no public query for them: `torch.backends.mkldnn` reports bf16 support
+# wherever oneDNN can emulate it (any AVX512 CPU), which is the slow path.
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
+    """The native-bfloat16 flags this CPU reports (empty where none, or where the OS does not say: not Linux)."""
+    path = Path(cpuinfo)
+    if not path.is_file():
+        return ()
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return tuple(flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags)
+    return ()
+
+
+def computes_bfloat16_natively(device):
+    """Whether `device` (a torch.device) has bfloat16 arithmetic in hardware, where it is not emulated (slower)."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(cpu_bf16_flags())
+
+
+def auto_draft_dtype(model):
+    """draft_dtype="auto": bfloat16 for a float32 model on hardware that computes bfloat16 natively, else the
+    model's own dtype (None)."""
+    if model.dtype == torch.float32 and computes_bfloat16_natively(model.device):
+        return torch.bfloat16
+    return None
 
 
 class DraftingCopy:

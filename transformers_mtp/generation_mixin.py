@@ -45,7 +45,8 @@ class MultiTokenGenerationMixin:
           the heads' most probable continuations), all verified in one pass; 0 drafts one chain. A size from the
           generation config applies where trees can be drafted, and sampling or batches then draft chains; a size
           passed here with them raises.
-        - `draft_dtype` (defaults to `generation_config.draft_dtype`, else the model's dtype): "bfloat16", "float16"
+        - `draft_dtype` (defaults to `generation_config.draft_dtype`, else the model's dtype): "auto" (bfloat16 for a
+          float32 model where the hardware computes it natively), "bfloat16", "float16"
           or "float32": the heads draft from a copy of themselves in this dtype while the model verifies in its own,
           so verified output is unchanged (a float32 model stays token for token greedy); cheaper drafts where the
           hardware computes the dtype natively. Unverified mode emits the drafts, so there it changes the text.

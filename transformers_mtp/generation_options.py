@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .generation_draft_precision import DRAFT_DTYPES
+from .generation_draft_precision import DRAFT_DTYPES, auto_draft_dtype
 
 MULTI_TOKEN_MODES = ("verified", "unverified")
 MAX_DRAFT_TREE_SIZE = 64
@@ -119,11 +119,14 @@ def resolve_draft_dtype(model, dtype, generation_config=None):
         dtype = _generation_config_value(model, "draft_dtype", generation_config)
     if dtype is None:
         return None
+    if dtype == "auto":
+        return auto_draft_dtype(model)
     resolved = DRAFT_DTYPES.get(dtype) if isinstance(dtype, str) else dtype
     if resolved not in DRAFT_DTYPES.values():
         raise ValueError(
-            f"draft_dtype={dtype!r} must be one of {list(DRAFT_DTYPES)} (or that torch dtype): the precision the "
-            "heads draft in. Verification keeps the model's own dtype, so verified output does not depend on it."
+            f"draft_dtype={dtype!r} must be one of {['auto', *DRAFT_DTYPES]} (or that torch dtype): the precision "
+            "the heads draft in ('auto': bfloat16 for a float32 model where the hardware computes it natively). "
+            "Verification keeps the model's own dtype, so verified output does not depend on it."
         )
     return None if resolved == model.dtype else resolved
 

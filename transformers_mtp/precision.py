@@ -14,15 +14,13 @@ there: benchmarks/README.md, "Precision".
 
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+# the CPU's native-bfloat16 check lives with the drafting copy, which `trust_remote_code` loading also needs
+from .generation_draft_precision import NATIVE_BF16_CPU_FLAGS, cpu_bf16_flags  # noqa: F401
+
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-# CPU flags (Linux /proc/cpuinfo) of native bfloat16 arithmetic: AVX512-BF16 (AMD Zen 4+, Intel Cooper Lake+) and
-# AMX-BF16 (Intel Sapphire Rapids+). torch has no public query for them: `torch.backends.mkldnn` reports bf16 support
-# wherever oneDNN can emulate it (any AVX512 CPU), which is the slow path.
-NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # A near-tie: greedy's top-two logit margin at most this, in logits (4 steps of bfloat16's rounding for logits of 16
 # to 32). Measured on SmolLM2-135M in bfloat16 on the 16 benchmark prompts (benchmarks/results/smollm2-precision/
 # guarantee-bfloat16.json): the 13 outputs of verified decoding and the 12 of transformers' prompt lookup that parted
@@ -33,18 +31,6 @@ NEAR_TIE_MARGIN = 0.5
 # as large) at most this. Measured: at most 0.117 (median 0.070 and 0.039); a position picked at random ranks 0.5 on
 # average.
 NEAR_TIE_RANK = 0.25
-
-
-def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
-    """The native-bfloat16 flags this CPU reports (empty where none, or where the OS does not say: not Linux)."""
-    path = Path(cpuinfo)
-    if not path.is_file():
-        return ()
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return tuple(flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags)
-    return ()
 
 
 def resolve_dtype(dtype="auto", device="cpu"):
