@@ -122,3 +122,22 @@ def test_auto_drafts_in_bfloat16_only_where_a_float32_model_runs_on_native_bfloa
     model.generation_config.draft_dtype = "auto"  # from the generation config, as convert() would save it
     monkeypatch.setattr(draft_precision, "cpu_bf16_flags", lambda: ("amx_bf16",))
     assert resolve_draft_dtype(model, None) == torch.bfloat16
+
+
+def test_convert_saves_the_draft_dtype_as_the_generate_default(tmp_path, monkeypatch):
+    import transformers_mtp.generation_draft_precision as draft_precision
+
+    monkeypatch.setattr(draft_precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="query_extension",
+                                     draft_dtype="auto")
+    model.save_pretrained(tmp_path / "saved")
+    loaded = transformers_mtp.LlamaForMultiTokenPrediction.from_pretrained(tmp_path / "saved")
+    assert loaded.generation_config.draft_dtype == "auto"
+    seen = drafted_dtypes(loaded, monkeypatch)
+    prompt = prompts(1)[0]
+    out = loaded.generate(prompt, do_sample=False, max_new_tokens=12, multi_token_mode=True)
+    assert torch.equal(out, loaded.generate(prompt, do_sample=False, max_new_tokens=12))
+    assert seen and set(seen) == {torch.bfloat16}
+    for bad in ("bf16", torch.bfloat16):
+        with pytest.raises(ValueError, match="draft_dtype="):
+            transformers_mtp.convert(tiny_base("llama"), num_heads=3, draft_dtype=bad)

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
 
-from .generation_options import check_draft_lookup_num_tokens, check_draft_tree_size
+from .generation_options import check_draft_lookup_num_tokens, check_draft_tree_size, resolve_draft_dtype
 from .modeling_multi_token import MULTI_TOKEN_CLASSES, MultiTokenPredictionMixin
 
 logger = logging.get_logger(__name__)
@@ -51,7 +51,7 @@ DEFAULT_DRAFT_LOOKUP_NGRAM = 3
 
 def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, dtype=torch.float32,
             draft_lookup_ngram=DEFAULT_DRAFT_LOOKUP_NGRAM, draft_tree_size=0, draft_lookup_num_tokens=None,
-            **head_config):
+            draft_dtype=None, **head_config):
     r"""
     Add multi-token-prediction heads to a pretrained causal LM.
 
@@ -70,6 +70,9 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
             drafts one chain.
         draft_lookup_num_tokens (`int`, *optional*): default `generate(draft_lookup_num_tokens=...)`, saved in
             generation_config.json: the most drafts a step copies from the context; defaults to num_predict_heads - 1.
+        draft_dtype (`str`, *optional*): default `generate(draft_dtype=...)`, saved in generation_config.json:
+            `"auto"`, `"bfloat16"`, `"float16"` or `"float32"`, the dtype the heads draft in (verification keeps the
+            model's); unset: the model's own dtype.
         dtype (`torch.dtype` or `str`, *optional*, defaults to `torch.float32`): dtype used when `base` is a path
             (a name such as `"bfloat16"`, or `"auto"`: see `load_base_model`).
         head_config: further multi-token config fields (`head_rank`, `head_input`, `head_share_kv`,
@@ -98,6 +101,11 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     check_draft_tree_size(draft_tree_size)
     if draft_lookup_num_tokens is not None:
         check_draft_lookup_num_tokens(draft_lookup_num_tokens)
+    if draft_dtype is not None and not isinstance(draft_dtype, str):
+        raise ValueError(f"draft_dtype={draft_dtype!r} is saved in generation_config.json, so it must be a name: "
+                         "'auto', 'float32', 'bfloat16' or 'float16'.")
+    if draft_dtype is not None:
+        resolve_draft_dtype(base, draft_dtype)  # checked now, not at the first generate()
 
     # Build on the meta device (nothing allocated), then take the base model's own modules: the base weights are
     # reused, not copied, and only the heads get real memory.
@@ -118,6 +126,7 @@ def convert(base, *, num_heads=4, head_type="resblock", num_predict_heads=None, 
     model.generation_config = GenerationConfig(
         **{**generation, "num_predict_heads": num_predict_heads, "draft_lookup_ngram": draft_lookup_ngram,
            "draft_tree_size": draft_tree_size,
-           **({"draft_lookup_num_tokens": draft_lookup_num_tokens} if draft_lookup_num_tokens is not None else {})}
+           **({"draft_lookup_num_tokens": draft_lookup_num_tokens} if draft_lookup_num_tokens is not None else {}),
+           **({"draft_dtype": draft_dtype} if draft_dtype is not None else {})}
     )
     return model

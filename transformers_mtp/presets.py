@@ -7,7 +7,8 @@ import yaml
 
 PRESET_KEYS = ("base", "num_heads", "head_type", "head_rank", "head_input", "head_share_kv", "head_loss_weights",
                "head_feature_layers",
-               "num_predict_heads", "draft_tree_size", "draft_lookup_num_tokens", "draft_vocab_size", "draft_datastore_size", "train")
+               "num_predict_heads", "draft_tree_size", "draft_lookup_num_tokens", "draft_dtype", "draft_vocab_size",
+               "draft_datastore_size", "train")
 # keys of a preset's `train:` section: where the data comes from, then HeadTrainingConfig's fields
 TRAIN_DATA_KEYS = ("data", "num_prompts", "sampled_per_prompt", "sample_temperature", "max_new_tokens",
                    "distill_batch_size", "distill_dtype", "data_cache")

@@ -37,6 +37,9 @@ def save_head_settings(model, folder):
     lookup_tokens = getattr(model.generation_config, "draft_lookup_num_tokens", None)
     if lookup_tokens is not None:
         settings["draft_lookup_num_tokens"] = lookup_tokens
+    draft_dtype = getattr(model.generation_config, "draft_dtype", None)
+    if draft_dtype is not None:
+        settings["draft_dtype"] = draft_dtype
     (Path(folder) / HEAD_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     draft_ids = model.draft_unembedding()[1]
     if draft_ids is not None:
