@@ -64,7 +64,7 @@ class DraftingCopy:
         with torch.no_grad():
             self.heads = copy.deepcopy(model.mtp_heads).to(dtype)
             self.final_norm = copy.deepcopy(model._parts()[2]).to(dtype)
-            weight, _ = model.draft_unembedding()
+            weight, self.draft_ids = model.draft_unembedding()
             self.draft_weight = weight.to(dtype)
             heads = list(self.heads[: model.config.num_heads - 1])
             self.stacked = StackedHeads(heads) if heads and StackedHeads.supports(heads, model.config) else None

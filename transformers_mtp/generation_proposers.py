@@ -99,15 +99,17 @@ class HeadProposer(DraftProposer):
         self.model = model
         self.max_drafts = num_predict_heads - 1
         self.threshold = threshold  # a row's head drafts stop at the first one the head is less sure of than this
-        # the unembedding rows drafts are chosen from (all of them, or the draft vocabulary), computed once per call
-        self.draft_weight, self.draft_ids = model.draft_unembedding()
-        # independent Llama-family query-extension heads run as one (None where they cannot), built once per call
-        self.stacked = StackedHeads.of(model, model.config.num_heads - 1)
-        # `draft_dtype`: the heads draft from a copy in that dtype (generation_draft_precision.py); verification
-        # stays in the model's dtype
+        # `draft_dtype`: the heads draft from a copy in that dtype (generation_draft_precision.py), which brings its
+        # own unembedding rows and stacked heads; verification stays in the model's dtype
         self.drafting = DraftingCopy.of(model, draft_dtype) if draft_dtype is not None else None
         if self.drafting is not None:
-            self.draft_weight, self.stacked = self.drafting.draft_weight, self.drafting.stacked
+            self.draft_weight, self.draft_ids = self.drafting.draft_weight, self.drafting.draft_ids
+            self.stacked = self.drafting.stacked
+        else:
+            # the unembedding rows drafts are chosen from (all of them, or the draft vocabulary), once per call
+            self.draft_weight, self.draft_ids = model.draft_unembedding()
+            # independent Llama-family query-extension heads run as one (None where they cannot), built once
+            self.stacked = StackedHeads.of(model, model.config.num_heads - 1)
         # own keys/values of `share_kv=False` heads, for the cache positions from `past_start` on (the heads never
         # saw the positions of a cache that came with the call)
         self.head_past = None
