@@ -11,7 +11,8 @@ against greedy).
         --output benchmarks/results/drafter_race.json
 
 An entry is a converted checkpoint folder or `default` (the shipped heads), optionally with `@tree=N` (draft tree
-size), `@k=N` (num_predict_heads) and `@draft=bfloat16` (draft_dtype) overriding its defaults.
+size), `@k=N` (num_predict_heads), `@draft=bfloat16` (draft_dtype) and `@certified=0` / `@certified=1`
+(certified_argmax) overriding its defaults.
 """
 
 import argparse
@@ -27,7 +28,8 @@ from transformers_mtp.training.data import chat_input_ids
 
 
 def parse_entry(text):
-    """'PATH[@tree=N][@k=N][@draft=DTYPE]' -> (label, path, {'tree_size': N, 'k': N, 'draft_dtype': DTYPE})."""
+    """'PATH[@tree=N][@k=N][@draft=DTYPE][@certified=0|1]' -> (label, path, {'tree_size': N, 'k': N, 'draft_dtype':
+    DTYPE, 'certified_argmax': bool})."""
     path, *options = text.split("@")
     overrides = {}
     for option in options:
@@ -36,8 +38,11 @@ def parse_entry(text):
             overrides["tree_size" if name == "tree" else "k"] = int(value)
         elif name == "draft" and value in ("float32", "bfloat16", "float16"):
             overrides["draft_dtype"] = value
+        elif name == "certified" and value in ("0", "1"):
+            overrides["certified_argmax"] = value == "1"
         else:
-            raise SystemExit(f"entry {text!r}: options are @tree=N, @k=N and @draft=DTYPE, got {option!r}")
+            raise SystemExit(f"entry {text!r}: options are @tree=N, @k=N, @draft=DTYPE and @certified=0|1, got "
+                             f"{option!r}")
     return text, path, overrides
 
 
@@ -66,7 +71,8 @@ def main():
         mode = "greedy" if label == "greedy" else "verified"
         sequences, record = run_one(model, ids, mode=mode, k=overrides.get("k"), threshold=None, lookup=None,
                                     tree_size=overrides.get("tree_size"), max_new_tokens=args.max_new_tokens,
-                                    draft_dtype=overrides.get("draft_dtype"), prompt_id=prompt["id"],
+                                    draft_dtype=overrides.get("draft_dtype"),
+                                    certified_argmax=overrides.get("certified_argmax"), prompt_id=prompt["id"],
                                     kind=prompt["kind"])
         return sequences, record
 

@@ -17,7 +17,11 @@ def accept_greedy(scores, drafts):
 
     scores: [1 + d, V] over [last token, drafts]; drafts: [d]. Returns (tokens [n + 1], n accepted drafts).
     """
-    choices = scores.argmax(-1)  # [1 + d]
+    return accept_choices(scores.argmax(-1), drafts)
+
+
+def accept_choices(choices, drafts):
+    """`accept_greedy` from the base model's argmax itself: choices [1 + d] (token ids), drafts [d]."""
     d = drafts.shape[0]
     n = int((drafts == choices[:d]).int().cumprod(0).sum()) if d else 0
     return torch.cat([drafts[:n], choices[n : n + 1]]), n
@@ -46,21 +50,22 @@ def accept_speculative(scores, drafts, draft_probs):
     return torch.cat([drafts, torch.multinomial(probs[d], 1)]), d  # every draft kept: one more token from p
 
 
-def accept_tree_walk(tree, logits, score):
+def accept_tree_walk(tree, choose, device):
     """
     Greedy over a draft tree: walk from the root while a child drafted the base model's own choice.
 
-    tree: a `DraftTree`; logits: [N, V] at its nodes; score(walked, logits [1, V]) -> [1, V] applies the logits
-    processors with the walked drafts (a list of token ids) as the text before the node. Returns (path: node indices from
-    the root, tokens [n + 1] (the accepted drafts, then the base model's next token), scores [n + 1, V]).
+    tree: a `DraftTree`; choose(walked, node) -> (the base model's token id at `node`, its scores there [1, V] or
+    None), with the walked drafts (a list of token ids) as the text before the node (for the logits processors).
+    Returns (path: node indices from the root, tokens [n + 1] (the accepted drafts, then the base model's next token),
+    scores [n + 1, V], or None where `choose` gives none).
     """
     path, scores, node = [], [], 0
     while True:
         path.append(node)
-        scores.append(score([tree.tokens[i] for i in path[1:]], logits[node : node + 1]))
-        choice = int(scores[-1].argmax(-1))
+        choice, node_scores = choose([tree.tokens[i] for i in path[1:]], node)
+        scores.append(node_scores)
         node = tree.children[node].get(choice)
         if node is None:
             break
-    tokens = torch.tensor([tree.tokens[i] for i in path[1:]] + [choice], device=logits.device)
-    return path, tokens, torch.cat(scores)
+    tokens = torch.tensor([tree.tokens[i] for i in path[1:]] + [choice], device=device)
+    return path, tokens, None if scores[0] is None else torch.cat(scores)

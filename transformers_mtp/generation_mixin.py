@@ -50,6 +50,12 @@ class MultiTokenGenerationMixin:
           or "float32": the heads draft from a copy of themselves in this dtype while the model verifies in its own,
           so verified output is unchanged (a float32 model stays token for token greedy); cheaper drafts where the
           hardware computes the dtype natively. Unverified mode emits the drafts, so there it changes the text.
+        - `certified_argmax` (defaults to `generation_config.certified_argmax`, else "auto"): greedy verification of
+          a float32 model on CPU takes the base model's argmax from a bfloat16 unembedding plus a rigorous error
+          bound, recomputing in float32 only the tokens the bound cannot rule out, instead of unembedding every
+          verified position in float32; the tokens are the same. "auto": where the CPU computes bfloat16 natively;
+          True / False to force it. With logits processors, `output_scores` / `output_logits` or sampling the float32
+          logits are computed as before.
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per

@@ -33,18 +33,19 @@ as a child drafted it, and the KV cache keeps the accepted path's entries only.
 
 Where each part lives (flat modules, all copied next to the weights by `save_pretrained`, importing only torch,
 transformers and each other with `from .module import Name`):
-    generation_options.py     the six multi-token options, resolved and checked once (`MultiTokenOptions`)
+    generation_options.py     the multi-token options, resolved and checked once (`MultiTokenOptions`)
     generation_checks.py      combinations that would change the output raise before decoding starts
     generation_state.py       `DecodingState`: the rows, the shared cache, trunk passes, emit, roll back, the outputs
     generation_proposers.py   draft sources behind one interface (heads, context lookup, datastore) and `Drafter`
     generation_acceptance.py  the acceptance rules: greedy, speculative sampling, the tree walk
+    generation_certified_argmax.py  greedy verification's float32 argmax from a bfloat16 unembedding and its error bound
     generation_draft_tree.py, generation_draft_sources.py, generation_processors.py, generation_cache.py: helpers
 """
 
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .generation_acceptance import accept_greedy, accept_speculative, accept_tree_walk
+from .generation_acceptance import accept_choices, accept_greedy, accept_speculative, accept_tree_walk
 from .generation_cache import unslide_within_window
 from .generation_checks import cache_positions_needed, check_supported, draft_tree_unsupported
 from .generation_options import MULTI_TOKEN_OPTIONS, MultiTokenOptions
@@ -109,6 +110,7 @@ def multi_token_decoding(
         attention_mask=attention_mask, position_ids=position_ids, cache=cache, keep_scores=keep_scores,
         do_sample=generation_config.do_sample, pad_token_id=int(pad) if pad is not None else None,
         prompt_cache_length=prompt_cache_length, max_length=generation_config.max_length,
+        certified_argmax=options.certified_argmax and verify,
     )
     drafter = build_drafter(model, options, state, tree_size)
     state.stats = MultiTokenStats(options.num_predict_heads, verified=verify,
@@ -171,13 +173,29 @@ def chain_block(state, drafts):
 
 def accept_row(state, row, logits, drafts, draft_probs):
     """Row `row`'s kept tokens from one verify pass (the accepted drafts, then one of the base model's own) and
-    their scores. logits: [1 + d, V] over [last token, drafts [d]]; draft_probs: [d, V] (sampling) or None."""
+    their scores. logits: [1 + d, V] over [last token, drafts [d]] (with a certified argmax: the base model's argmax
+    ids [1 + d], and the scores are None); draft_probs: [d, V] (sampling) or None."""
+    if state.certified is not None:
+        tokens, n = accept_choices(logits, drafts)
+        return tokens, None, n
     scores = state.processed_scores(row, logits, drafts)  # [1 + d, V]
     if state.do_sample:
         tokens, n = accept_speculative(scores, drafts, draft_probs)
     else:
         tokens, n = accept_greedy(scores, drafts)
     return tokens, scores[: n + 1], n
+
+
+def tree_choice(state, logits):
+    """`accept_tree_walk`'s choose(walked, node) over one verify pass's logits [N, V] (or argmax ids [N])."""
+    if state.certified is not None:
+        ids = logits.tolist()
+        return lambda walked, node: (ids[node], None)
+
+    def choose(walked, node):
+        scores = state.processed(0, walked, logits[node : node + 1])
+        return int(scores.argmax(-1)), scores
+    return choose
 
 
 # --- step loops ------------------------------------------------------------------------------------------------------
@@ -219,7 +237,7 @@ def tree_steps(state, drafter):
     while state.unfinished[0]:
         cache_before = int(state.cache.get_seq_length())
         logits, normed, layer_input = state.forward_tree(tree)  # verify: one pass over every node
-        path, tokens, scores = accept_tree_walk(tree, logits, lambda walked, row: state.processed(0, walked, row))
+        path, tokens, scores = accept_tree_walk(tree, tree_choice(state, logits), state.rows[0].device)
         n = len(path) - 1
         state.stats.count_step(max(tree.depths), n)
         state.emit(0, tokens, scores, logits[path])

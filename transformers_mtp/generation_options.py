@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .generation_certified_argmax import auto_certified_argmax, certified_argmax_unsupported
 from .generation_draft_precision import DRAFT_DTYPES, auto_draft_dtype
 
 MULTI_TOKEN_MODES = ("verified", "unverified")
@@ -131,9 +132,31 @@ def resolve_draft_dtype(model, dtype, generation_config=None):
     return None if resolved == model.dtype else resolved
 
 
+def resolve_certified_argmax(model, value, generation_config=None):
+    """`certified_argmax`, else the generation config's, else "auto": whether greedy verification takes the float32
+    argmax from a bfloat16 unembedding and its error bound (generation_certified_argmax.py) instead of the float32
+    unembedding. Its tokens are the same either way."""
+    if value is None:
+        value = _generation_config_value(model, "certified_argmax", generation_config)
+    if value is None or value == "auto":
+        return auto_certified_argmax(model)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"certified_argmax={value!r} must be 'auto', True or False: whether greedy verification of a float32 "
+            "model finds its argmax through a bfloat16 unembedding with an error bound ('auto': where the CPU "
+            "computes bfloat16 natively). The tokens are the same either way."
+        )
+    if value:
+        reason = certified_argmax_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"certified_argmax=True cannot be honoured: {reason}. Leave it 'auto' or pass False.")
+    return value
+
+
 # The multi-token options of `generate()`, in the order the docs list them
 MULTI_TOKEN_OPTIONS = ("num_predict_heads", "draft_confidence_threshold", "draft_lookup_ngram",
-                       "draft_lookup_num_tokens", "draft_datastore", "draft_tree_size", "draft_dtype")
+                       "draft_lookup_num_tokens", "draft_datastore", "draft_tree_size", "draft_dtype",
+                       "certified_argmax")
 
 
 @dataclass(frozen=True)
@@ -154,6 +177,7 @@ class MultiTokenOptions:
     draft_tree_size: int = 0
     draft_tree_from_config: bool = False
     draft_dtype: torch.dtype | None = None
+    certified_argmax: bool = False
 
     @classmethod
     def resolve(cls, model, multi_token_mode=True, generation_config=None, **given):
@@ -180,6 +204,7 @@ class MultiTokenOptions:
             draft_tree_size=resolve_draft_tree_size(model, given.get("draft_tree_size"), generation_config),
             draft_tree_from_config=given.get("draft_tree_size") is None,
             draft_dtype=resolve_draft_dtype(model, given.get("draft_dtype"), generation_config),
+            certified_argmax=resolve_certified_argmax(model, given.get("certified_argmax"), generation_config),
         )
 
 

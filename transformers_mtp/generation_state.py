@@ -16,6 +16,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .generation_cache import crop_cache, is_static_cache
+from .generation_certified_argmax import CertifiedArgmax
 from .generation_processors import processors_per_row
 
 
@@ -86,7 +87,8 @@ class DecodingState:
     """A batch of rows sharing one KV cache, as they are decoded."""
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, attention_mask, position_ids,
-                 cache, keep_scores, do_sample, pad_token_id, prompt_cache_length=None, max_length=None):
+                 cache, keep_scores, do_sample, pad_token_id, prompt_cache_length=None, max_length=None,
+                 certified_argmax=False):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
         self.unfinished = [True] * len(self.rows)  # still decoded
@@ -124,6 +126,10 @@ class DecodingState:
         self.scores = [] if keep_scores else None
         self.raw_logits = [] if keep_scores else None
         self.stats = None  # set by the caller, which knows how many drafts a step may check
+        # Greedy verification that needs no scores (no processors, none kept) needs only the base model's argmax: with
+        # `certified_argmax` the trunk passes return that instead of the logits (generation_certified_argmax.py).
+        argmax_only = not do_sample and not keep_scores and all(len(p) == 0 for p in self.logits_processor)
+        self.certified = CertifiedArgmax.of(model) if certified_argmax and argmax_only else None
 
     @property
     def batch_size(self):
@@ -136,7 +142,8 @@ class DecodingState:
 
     # --- trunk passes ------------------------------------------------------------------------------------------------
     def forward(self, tokens, positions, new_mask=None, last_logits_only=False):
-        """One trunk pass over `tokens` [B, T] at `positions` [B, T]; returns (logits [B,T,V], normed, layer input).
+        """One trunk pass over `tokens` [B, T] at `positions` [B, T]; returns (verdict [B,T,V] or [B, T] (see
+        `verdict`), normed, layer input).
         `new_mask` [B, T]: which new positions later tokens may attend to (default: all; False: the mask already
         covers them). `last_logits_only`: logits of the last position only ([B, 1, V]), as transformers' prefill
         computes them (`logits_to_keep=1`)."""
@@ -148,12 +155,12 @@ class DecodingState:
             tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
         )
         self.stats.forward_passes += 1
-        return self.model.unembed(normed[:, -1:] if last_logits_only else normed), normed, layer_input
+        return self.verdict(normed[:, -1:] if last_logits_only else normed), normed, layer_input
 
     def forward_tree(self, tree):
         """One trunk pass over every node of `tree`, each at its depth's position and seeing only its ancestors.
-        Returns (logits [N, V], normed [1, N, H], layer input [1, N, H] or None); the mask is not extended (see
-        `keep_path`)."""
+        Returns (verdict [N, V] or [N], normed [1, N, H], layer input [1, N, H] or None); the mask is not extended
+        (see `keep_path`)."""
         tokens = torch.tensor(tree.tokens, device=self.rows[0].device)[None]
         positions = self.last_position[:, None] + 1 + torch.tensor(tree.depths, device=tokens.device)[None]
         dtype = self.model.lm_head.weight.dtype
@@ -162,7 +169,14 @@ class DecodingState:
             cache=self.cache, use_cache=True,
         )
         self.stats.forward_passes += 1
-        return self.model.unembed(normed)[0], normed, layer_input
+        return self.verdict(normed)[0], normed, layer_input
+
+    def verdict(self, normed):
+        """What the base model says at each position of `normed` [..., H]: its logits [..., V], or with a certified
+        argmax (`self.certified`) its argmax token ids [...] only."""
+        if self.certified is not None:
+            return self.certified(normed)
+        return self.model.unembed(normed)
 
     # --- scores ------------------------------------------------------------------------------------------------------
     def processed(self, row, prefix, scores):
