@@ -73,7 +73,9 @@ class CertifiedArgmax:
         weight = model.lm_head.weight
         self.version = self._version_of(model)
         with torch.no_grad():
-            self.weight = weight.detach()  # the live float32 rows, for the candidates; kept alive (see _version_of)
+            # the live float32 rows, for the candidates; holding them keeps their storage alive, so that a new
+            # weight never reuses its address (the address is part of the version)
+            self.weight = weight.detach()
             self.low = self.weight.to(torch.bfloat16)
             self.row_norms = self.weight.double().norm(dim=-1).float()  # [V]
         self.c1, self.c2 = error_bound_constants(self.weight.shape[1])
