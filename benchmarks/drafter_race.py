@@ -11,8 +11,8 @@ against greedy).
         --output benchmarks/results/drafter_race.json
 
 An entry is a converted checkpoint folder or `default` (the shipped heads), optionally with `@tree=N` (draft tree
-size), `@k=N` (num_predict_heads), `@draft=bfloat16` (draft_dtype) and `@certified=0` / `@certified=1`
-(certified_argmax) overriding its defaults.
+size), `@k=N` (num_predict_heads), `@draft=bfloat16` (draft_dtype), `@certified=0` / `@certified=1`
+(certified_argmax) and `@onednn=0` / `@onednn=1` (onednn_verify) overriding its defaults.
 """
 
 import argparse
@@ -28,8 +28,8 @@ from transformers_mtp.training.data import chat_input_ids
 
 
 def parse_entry(text):
-    """'PATH[@tree=N][@k=N][@draft=DTYPE][@certified=0|1]' -> (label, path, {'tree_size': N, 'k': N, 'draft_dtype':
-    DTYPE, 'certified_argmax': bool})."""
+    """'PATH[@tree=N][@k=N][@draft=DTYPE][@certified=0|1][@onednn=0|1]' -> (label, path, {'tree_size': N, 'k': N,
+    'draft_dtype': DTYPE, 'certified_argmax': bool, 'onednn_verify': bool})."""
     path, *options = text.split("@")
     overrides = {}
     for option in options:
@@ -38,11 +38,11 @@ def parse_entry(text):
             overrides["tree_size" if name == "tree" else "k"] = int(value)
         elif name == "draft" and value in ("float32", "bfloat16", "float16"):
             overrides["draft_dtype"] = value
-        elif name == "certified" and value in ("0", "1"):
-            overrides["certified_argmax"] = value == "1"
+        elif name in ("certified", "onednn") and value in ("0", "1"):
+            overrides["certified_argmax" if name == "certified" else "onednn_verify"] = value == "1"
         else:
-            raise SystemExit(f"entry {text!r}: options are @tree=N, @k=N, @draft=DTYPE and @certified=0|1, got "
-                             f"{option!r}")
+            raise SystemExit(f"entry {text!r}: options are @tree=N, @k=N, @draft=DTYPE, @certified=0|1 and "
+                             f"@onednn=0|1, got {option!r}")
     return text, path, overrides
 
 
@@ -71,9 +71,9 @@ def main():
         mode = "greedy" if label == "greedy" else "verified"
         sequences, record = run_one(model, ids, mode=mode, k=overrides.get("k"), threshold=None, lookup=None,
                                     tree_size=overrides.get("tree_size"), max_new_tokens=args.max_new_tokens,
-                                    draft_dtype=overrides.get("draft_dtype"),
-                                    certified_argmax=overrides.get("certified_argmax"), prompt_id=prompt["id"],
-                                    kind=prompt["kind"])
+                                    options={name: overrides.get(name) for name in
+                                             ("draft_dtype", "certified_argmax", "onednn_verify")},
+                                    prompt_id=prompt["id"], kind=prompt["kind"])
         return sequences, record
 
     warm = chat_input_ids(tokenizer, prompts[0]["prompt"])

@@ -127,9 +127,9 @@ def _cache_bytes(cache):
                if t is not None)
 
 
-def generate_kwargs(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=0, draft_dtype=None,
-                    certified_argmax=None):
-    """`generate()` arguments of a benchmark mode (`draft_dtype`, `certified_argmax`: the multi-token modes' options;
+def generate_kwargs(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=0, options=None):
+    """`generate()` arguments of a benchmark mode (`options`: more multi-token options by name, e.g. `draft_dtype`,
+    `certified_argmax`, `onednn_verify`, for the multi-token modes only;
     None: the model's defaults)."""
     kwargs = {"do_sample": mode in SAMPLING_MODES, **(SAMPLING if mode in SAMPLING_MODES else {})}
     if mode in ("verified", "verified_sample"):
@@ -146,19 +146,17 @@ def generate_kwargs(mode, k, threshold=0.0, lookup=0, datastore=None, tree_size=
         kwargs.update(draft_datastore=datastore)
     if mode == "verified":
         kwargs.update(draft_tree_size=tree_size)
-    if draft_dtype is not None and mode in MULTI_TOKEN_BENCH_MODES:
-        kwargs.update(draft_dtype=draft_dtype)
-    if certified_argmax is not None and mode in MULTI_TOKEN_BENCH_MODES:
-        kwargs.update(certified_argmax=certified_argmax)
+    if mode in MULTI_TOKEN_BENCH_MODES:
+        kwargs.update({name: value for name, value in (options or {}).items() if value is not None})
     return kwargs
 
 
 @torch.inference_mode()
 def run_one(model, input_ids, *, mode, k, max_new_tokens, threshold=0.0, lookup=0, datastore=None, tree_size=0, seed=0,
-            prompt_id="", kind="", draft_dtype=None, certified_argmax=None):
+            prompt_id="", kind="", options=None):
     """Decode `input_ids` [1, T] in `mode` with `k` tokens per step; returns (sequences, RunRecord). Sampling modes
     draw with `torch.manual_seed(seed)`."""
-    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold, lookup, datastore, tree_size, draft_dtype, certified_argmax))
+    kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs(mode, k, threshold, lookup, datastore, tree_size, options))
     torch.manual_seed(seed)
     device = input_ids.device
     if device.type == "cuda":

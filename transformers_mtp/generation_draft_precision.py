@@ -27,16 +27,21 @@ DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
-    """The native-bfloat16 flags this CPU reports (empty where none, or where the OS does not say: not Linux)."""
+def cpu_flags(cpuinfo="/proc/cpuinfo"):
+    """The flags this CPU reports (Linux /proc/cpuinfo; empty where the OS does not say)."""
     path = Path(cpuinfo)
     if not path.is_file():
-        return ()
+        return frozenset()
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return tuple(flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags)
-    return ()
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
+    """The native-bfloat16 flags this CPU reports (empty where none, or where the OS does not say: not Linux)."""
+    flags = cpu_flags(cpuinfo)
+    return tuple(flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags)
 
 
 def computes_bfloat16_natively(device):

