@@ -12,10 +12,13 @@ against greedy).
 
 An entry is a converted checkpoint folder or `default` (the shipped heads), optionally with `@tree=N` (draft tree
 size), `@k=N` (num_predict_heads), `@draft=bfloat16` (draft_dtype), `@certified=0` / `@certified=1`
-(certified_argmax) and `@onednn=0` / `@onednn=1` (onednn_verify) overriding its defaults.
+(certified_argmax) and `@onednn=0` / `@onednn=1` (onednn_verify) overriding its defaults. The entry
+`greedy@onednn=1` is a stronger baseline: plain greedy with its one-row unembedding (49,152 x 576, where oneDNN wins at
+one row too: benchmarks/results/linear_kernels.json) computed by oneDNN.
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -24,6 +27,7 @@ import torch
 
 from transformers_mtp.benchmark import load_prompts, run_one
 from transformers_mtp.cli import load_model_and_tokenizer
+from transformers_mtp.generation_onednn import ONE_ROW_MIN_WEIGHT_NUMEL, OneDNNLinear
 from transformers_mtp.training.data import chat_input_ids
 
 
@@ -60,20 +64,27 @@ def main():
 
     entries, models, tokenizer = [parse_entry(e) for e in args.entries], {}, None
     for _, path, _ in entries:
-        if path not in models:
+        if path not in models and path != "greedy":
             models[path], tokenizer = load_model_and_tokenizer(None if path == "default" else path, dtype=dtype)
-    greedy_model = models[entries[0][1]]  # multi_token_mode off: the base model's own greedy decoding
+    if not models:
+        models["default"], tokenizer = load_model_and_tokenizer(None, dtype=dtype)
+    greedy_model = next(iter(models.values()))  # multi_token_mode off: the base model's own greedy decoding
     prompts = load_prompts()[: args.limit]
     runs = {}  # (prompt id, label) -> [seconds], plus the label's records
 
     def run(label, path, overrides, prompt, ids):
-        model = greedy_model if label == "greedy" else models[path]
-        mode = "greedy" if label == "greedy" else "verified"
-        sequences, record = run_one(model, ids, mode=mode, k=overrides.get("k"), threshold=None, lookup=None,
-                                    tree_size=overrides.get("tree_size"), max_new_tokens=args.max_new_tokens,
-                                    options={name: overrides.get(name) for name in
-                                             ("draft_dtype", "certified_argmax", "onednn_verify")},
-                                    prompt_id=prompt["id"], kind=prompt["kind"])
+        plain = label == "greedy" or path == "greedy"
+        model = greedy_model if plain else models[path]
+        mode = "greedy" if plain else "verified"
+        # greedy@onednn=1: oneDNN for the one-row unembedding only (the trunk's one-row products lose there)
+        kernels = OneDNNLinear(model, min_weight_numel=ONE_ROW_MIN_WEIGHT_NUMEL) if path == "greedy" and overrides.get(
+            "onednn_verify") else contextlib.nullcontext()
+        with kernels:
+            sequences, record = run_one(model, ids, mode=mode, k=overrides.get("k"), threshold=None, lookup=None,
+                                        tree_size=overrides.get("tree_size"), max_new_tokens=args.max_new_tokens,
+                                        options=None if plain else {name: overrides.get(name) for name in
+                                                                    ("draft_dtype", "certified_argmax", "onednn_verify")},
+                                        prompt_id=prompt["id"], kind=prompt["kind"])
         return sequences, record
 
     warm = chat_input_ids(tokenizer, prompts[0]["prompt"])

@@ -2,6 +2,8 @@
 output must stay plain greedy's, only the multi-token decoding's passes may be routed, and everything the operator
 does not cover must run as torch runs it."""
 
+import threading
+
 import pytest
 import torch
 from conftest import ALL_ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, has_default_model, randomize_heads, tiny_base
@@ -18,8 +20,8 @@ F = torch.nn.functional
 
 @pytest.fixture
 def routed(monkeypatch):
-    """Route every float32 product of 3+ rows (the tiny models' weights are below the size threshold), and record
-    the routed calls."""
+    """Route every float32 layer's products of 3+ rows (the tiny models' weights are below the size threshold), and
+    record the routed calls."""
     calls = []
     monkeypatch.setattr(onednn, "MIN_WEIGHT_NUMEL", 1)
 
@@ -39,40 +41,69 @@ def prompts():
     return [torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(length)) for length in (1, 5, 11)]
 
 
-def test_a_routed_product_is_float32_linear_and_small_or_other_products_are_untouched(routed, monkeypatch):
+def test_a_routed_product_is_float32_linear_and_small_or_other_products_are_untouched(routed):
     g = torch.Generator().manual_seed(0)
-    x, weight, bias = torch.randn(2, 9, 576, generator=g), torch.randn(1536, 576, generator=g), torch.randn(1536)
-    monkeypatch.setattr(onednn, "MIN_WEIGHT_NUMEL", 2**18)  # the shipped threshold
-    with OneDNNLinear():
-        got = F.linear(x, weight, bias)
-        got_kw = F.linear(input=x, weight=weight)
-    assert routed == [(2, 9, 576), (2, 9, 576)]
-    assert got.dtype == torch.float32 and torch.allclose(got, F.linear(x, weight, bias), atol=2e-4, rtol=0)
-    assert torch.allclose(got_kw, F.linear(x, weight), atol=2e-4, rtol=0)
-    routed.clear()
-    untouched = [
-        (x[:, :1], weight, None),  # one row per pass: plain decoding's shape
-        (x[0, :2], weight, None),  # two rows: measured slower on oneDNN
-        (x[0, :, :192], torch.randn(192, 192), None),  # a small weight
-        (x.bfloat16(), weight.bfloat16(), None),  # bfloat16: torch already uses oneDNN
-        (x.double(), weight.double(), None),
-    ]
-    with OneDNNLinear():
-        results = [F.linear(a, w, b) for a, w, b in untouched]
-    assert routed == []
-    for (a, w, b), result in zip(untouched, results):
-        assert torch.equal(result, F.linear(a, w, b))  # bit for bit torch's own kernel
+    big, small = torch.nn.Linear(576, 1536), torch.nn.Linear(192, 192)
+    layers = torch.nn.ModuleDict({"big": big, "small": small}).requires_grad_(False)
+    x = torch.randn(2, 9, 576, generator=g)
+    with OneDNNLinear(layers, min_weight_numel=2**18):  # the shipped threshold
+        got = big(x)
+        untouched = [(big, x[:, :1]),  # one row per pass: plain decoding's shape
+                     (big, x[0, :2]),  # two rows: measured slower on oneDNN
+                     (small, x[0, :, :192])]  # a small weight
+        results = [layer(a) for layer, a in untouched]
+    assert routed == [(2, 9, 576)]
+    assert got.dtype == torch.float32 and torch.allclose(got, F.linear(x, big.weight, big.bias), atol=2e-4, rtol=0)
+    for (layer, a), result in zip(untouched, results):
+        assert torch.equal(result, F.linear(a, layer.weight, layer.bias))  # bit for bit torch's own kernel
+    assert "forward" not in big.__dict__ and "forward" not in small.__dict__  # the class's forward again
+    assert OneDNNLinear(layers.to(torch.bfloat16), min_weight_numel=1).layers == []  # bfloat16: torch uses oneDNN
+    assert OneDNNLinear(layers.double(), min_weight_numel=1).layers == []
+
+
+def test_the_unembedding_is_routed_at_one_row(routed, monkeypatch):
+    monkeypatch.setattr(onednn, "ONE_ROW_MIN_WEIGHT_NUMEL", 64 * 500)
+    unembedding, projection = torch.nn.Linear(64, 500, bias=False), torch.nn.Linear(64, 64)
+    layers = torch.nn.ModuleList([unembedding, projection]).requires_grad_(False)
+    x = torch.randn(1, 1, 64)
+    with OneDNNLinear(layers):
+        got, other = unembedding(x), projection(x)
+    assert routed == [(1, 1, 64)]
+    assert torch.allclose(got, F.linear(x, unembedding.weight), atol=1e-5, rtol=0)
+    assert torch.equal(other, F.linear(x, projection.weight, projection.bias))
 
 
 def test_autograd_is_left_to_torch(routed):
-    weight = torch.randn(64, 32, requires_grad=True)
-    with OneDNNLinear():
-        y = F.linear(torch.randn(5, 32), weight)
+    layer = torch.nn.Linear(32, 64)
+    with OneDNNLinear(layer):
+        y = layer(torch.randn(5, 32))
     y.sum().backward()
-    assert routed == [] and weight.grad is not None
-    with torch.no_grad(), OneDNNLinear():
-        F.linear(torch.randn(5, 32), weight)
+    assert routed == [] and layer.weight.grad is not None
+    with torch.no_grad(), OneDNNLinear(layer):
+        layer(torch.randn(5, 32))
     assert routed == [(5, 32)]
+
+
+def test_other_threads_replaced_forwards_and_errors_are_left_alone(routed):
+    routable, hooked = torch.nn.Linear(32, 64), torch.nn.Linear(32, 64)
+
+    def hook(x):  # as accelerate's hooks replace `forward` on the instance
+        return "hooked"
+    hooked.forward = hook
+    layers = torch.nn.ModuleList([routable, hooked]).requires_grad_(False)
+    x, from_thread = torch.randn(5, 32), []
+    with OneDNNLinear(layers):
+        routable(x)
+        assert hooked(x) == "hooked"
+        thread = threading.Thread(target=lambda: from_thread.append(routable(x)))
+        thread.start()
+        thread.join()
+    assert routed == [(5, 32)]  # not the other thread's call, which ran torch's own kernel
+    assert torch.equal(from_thread[0], F.linear(x, routable.weight, routable.bias))
+    assert hooked.forward is hook and "forward" not in routable.__dict__
+    with pytest.raises(RuntimeError, match="in the pass"), OneDNNLinear(layers):
+        raise RuntimeError("in the pass")
+    assert hooked.forward is hook and "forward" not in routable.__dict__
 
 
 @pytest.mark.parametrize("head_type,extra", HEAD_SETUPS, ids=HEAD_IDS)
@@ -126,6 +157,12 @@ def test_the_real_model_on_onednn_is_greedy_and_its_products_are_routed(monkeypa
         assert torch.equal(out, expected)
         assert {(1536, 576), (576, 1536), (576, 576)} <= set(calls)  # the MLP and attention projections
         assert (192, 576) not in set(calls)  # k / v: below the size threshold
+        assert (49152, 576) not in set(calls)  # the certified argmax (on by default) computes the verdicts
+        calls.clear()
+        out = model.generate(ids, do_sample=False, max_new_tokens=48, multi_token_mode=True, onednn_verify=True,
+                             certified_argmax=False)
+        assert torch.equal(out, expected)
+        assert (49152, 576) in set(calls)  # without it, the unembedding is routed
 
 
 @pytest.mark.parametrize("value", ["yes", 1, "onednn"])

@@ -11,10 +11,11 @@ multi-token decoding's trunk passes, `OneDNNLinear` sends such products to oneDN
 Both are float32 products that sum in their own order; a verify block's logits already differ in their last bits from
 the one-token passes of plain greedy (any two kernels, or one kernel at two shapes, do), and the tokens stay the
 argmax of the model's float32 logits: the output is checked identical to plain greedy's by the same tests and
-benchmarks as before. One-token passes (and products under 2^18 weights, where oneDNN's fixed cost loses) keep torch's
-own kernel; plain `generate()` is never touched.
+benchmarks as before. Products of one or two rows (and weights under 2^18 elements, where oneDNN's fixed cost loses)
+keep torch's own kernel, except the unembedding, which oneDNN computes faster at one row too; plain `generate()` is
+never touched.
 
-Why a `TorchFunctionMode` and a private operator: torch has no switch that sends float32 `linear` to oneDNN at full
+Why replaced `forward`s and a private operator: torch has no switch that sends float32 `linear` to oneDNN at full
 precision (`torch.backends.mkldnn.matmul.fp32_precision` only allows reduced-precision ones), and
 `torch.ops.mkldnn._linear_pointwise` is the oneDNN linear that torch's own compiler (inductor, with freezing) emits.
 Being private, it is probed once against `torch.nn.functional.linear` before it is used.
@@ -23,15 +24,15 @@ Copied next to the weights by `save_pretrained` (through generation_state.py): i
 `from .module import Name`.
 """
 
-import contextlib
+import threading
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .generation_draft_precision import cpu_flags
 
 MIN_ROWS = 3  # measured: at 2 rows oneDNN loses on 576 x 576 (71 against 44 us) and barely wins on 1,536 x 576
 MIN_WEIGHT_NUMEL = 2**18  # measured: oneDNN's fixed cost (about 30 us) loses on 192 x 576 up to 5 rows
+ONE_ROW_MIN_WEIGHT_NUMEL = 2**22  # measured at one row: 49,152 x 576 (the unembedding) 7.8 -> 3.6 ms; 576 x 1,536 loses
 _probe_result = None  # None: not probed yet; else the reason it cannot be used ("" where it can)
 
 
@@ -74,40 +75,62 @@ def auto_onednn_verify(model):
     return onednn_verify_unsupported(model) is None and "avx512f" in cpu_flags()
 
 
-class OneDNNLinear(TorchFunctionMode):
-    """Within it, float32 CPU `linear` over at least `MIN_ROWS` rows with a large plain weight runs on oneDNN; every
-    other call (other dtypes, devices, tensor subclasses, autograd, small products) runs as torch runs it."""
+class OneDNNLinear:
+    """Within it, `model`'s float32 CPU `torch.nn.Linear` layers with a weight of at least `min_weight_numel`
+    elements compute their products on oneDNN when the input has at least `MIN_ROWS` rows (at least one row for
+    weights of `ONE_ROW_MIN_WEIGHT_NUMEL` elements or more: the unembedding); every other call (other dtypes, devices,
+    tensor subclasses, autograd, small products, other threads) runs as torch runs it.
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.linear:
-            x, weight, bias = _linear_arguments(*args, **kwargs)
-            if self._routes(x, weight, bias):
-                return onednn_float32_linear(x, weight, bias)
-        return func(*args, **kwargs)
+    Why per layer rather than a `TorchFunctionMode` over every operator: a mode intercepts each of the few thousand
+    torch calls of a pass, which cost 5-8 ms per trunk pass of SmolLM2 here (56.9 -> 61.9 ms at one row, routing
+    nothing); replacing the `forward` of the routed layers for the duration of the pass costs one Python call per
+    layer. Layers whose `forward` is already replaced on the instance (accelerate's hooks) are left alone."""
 
-    @staticmethod
-    def _routes(x, weight, bias):
-        tensors = [x, weight] + ([bias] if bias is not None else [])
-        if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors):
-            return False  # None, a quantized or other tensor subclass
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.layout != torch.strided for t in tensors):
-            return False
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return False  # the oneDNN operator has no backward
-        return weight.dim() == 2 and weight.numel() >= MIN_WEIGHT_NUMEL and x.dim() >= 1 and x.shape[-1] > 0 \
-            and x.numel() // x.shape[-1] >= MIN_ROWS
+    def __init__(self, model, min_weight_numel=None):
+        threshold = MIN_WEIGHT_NUMEL if min_weight_numel is None else min_weight_numel
+        self.layers = [
+            (module, 1 if module.weight.numel() >= ONE_ROW_MIN_WEIGHT_NUMEL else MIN_ROWS)
+            for module in model.modules()
+            if type(module) is torch.nn.Linear and _plain_float32_cpu(module.weight)
+            and (module.bias is None or _plain_float32_cpu(module.bias)) and module.weight.numel() >= threshold
+        ]
+        self._installed, self._thread = [], None
+
+    def __enter__(self):
+        self._thread = threading.get_ident()
+        for module, min_rows in self.layers:
+            if "forward" not in module.__dict__:
+                module.forward = self._routed_forward(module, min_rows)
+                self._installed.append(module)
+        return self
+
+    def __exit__(self, *exc_info):
+        for module in self._installed:
+            module.__dict__.pop("forward", None)
+        self._installed = []
+        return False
+
+    def _routed_forward(self, module, min_rows):
+        thread = self._thread
+
+        def forward(input):
+            weight, bias = module.weight, module.bias
+            if (type(input) is torch.Tensor and input.dtype == torch.float32 and input.device.type == "cpu"
+                    and input.layout == torch.strided and input.dim() >= 1 and input.shape[-1] > 0
+                    and input.numel() // input.shape[-1] >= min_rows and threading.get_ident() == thread
+                    and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))):
+                return onednn_float32_linear(input, weight, bias)  # looked up per call: the tests spy on it
+            return torch.nn.functional.linear(input, weight, bias)
+
+        return forward
+
+
+def _plain_float32_cpu(tensor):
+    """A plain (not quantized, not a subclass) strided float32 CPU tensor."""
+    return type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.dtype == torch.float32 \
+        and tensor.device.type == "cpu" and tensor.layout == torch.strided
 
 
 def onednn_float32_linear(x, weight, bias=None):
     """`torch.nn.functional.linear(x, weight, bias)` computed by oneDNN (float32 CPU tensors)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def _linear_arguments(input, weight, bias=None):
-    return input, weight, bias
-
-
-def onednn_linear(enabled):
-    """The context of a trunk pass: `OneDNNLinear()` when `enabled`, else nothing."""
-    return OneDNNLinear() if enabled else contextlib.nullcontext()

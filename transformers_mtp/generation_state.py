@@ -10,6 +10,7 @@ Copied next to the weights by `save_pretrained` (through generation_multi_token.
 and `from .module import Name`.
 """
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .generation_cache import crop_cache, is_static_cache
 from .generation_certified_argmax import CertifiedArgmax
-from .generation_onednn import onednn_linear
+from .generation_onednn import OneDNNLinear
 from .generation_processors import processors_per_row
 
 
@@ -131,7 +132,8 @@ class DecodingState:
         # `certified_argmax` the trunk passes return that instead of the logits (generation_certified_argmax.py).
         argmax_only = not do_sample and not keep_scores and all(len(p) == 0 for p in self.logits_processor)
         self.certified = CertifiedArgmax.of(model) if certified_argmax and argmax_only else None
-        self.onednn = onednn_verify  # float32 trunk passes of several tokens on oneDNN (generation_onednn.py)
+        # float32 trunk passes of several tokens on oneDNN (generation_onednn.py)
+        self.onednn = OneDNNLinear(model) if onednn_verify else contextlib.nullcontext()
 
     @property
     def batch_size(self):
@@ -153,7 +155,7 @@ class DecodingState:
             if new_mask is None:
                 new_mask = self.attention_mask.new_ones(tokens.shape)
             self.attention_mask = torch.cat([self.attention_mask, new_mask.to(self.attention_mask.dtype)], dim=1)
-        with onednn_linear(self.onednn):
+        with self.onednn:
             normed, layer_input, _ = self.model._trunk_forward(
                 tokens, attention_mask=self.attention_mask, position_ids=positions, cache=self.cache, use_cache=True,
             )
@@ -167,7 +169,7 @@ class DecodingState:
         tokens = torch.tensor(tree.tokens, device=self.rows[0].device)[None]
         positions = self.last_position[:, None] + 1 + torch.tensor(tree.depths, device=tokens.device)[None]
         dtype = self.model.lm_head.weight.dtype
-        with onednn_linear(self.onednn):
+        with self.onednn:
             normed, layer_input, _ = self.model._trunk_forward(
                 tokens, attention_mask=tree.attention_mask(self.attention_mask, dtype), position_ids=positions,
                 cache=self.cache, use_cache=True,
