@@ -123,6 +123,9 @@ def main():
                          "tokens_per_forward": sum(r.new_tokens for r in records) / sum(r.forward_passes for r in records),
                          "identical": sum(runs[(p["id"], label)]["identical"] for p in ours), "prompts": len(ours)}
         report["entries"][label] = row
+    # per prompt, so that any entry can be compared with any other (e.g. against greedy@onednn=1)
+    report["median_seconds"] = {p["id"]: {label: statistics.median(runs[(p["id"], label)]["seconds"])
+                                          for label, _, _ in lineup} for p in prompts}
     print(f"\n| drafter | speed vs greedy, median [min, max] ({' / '.join(kinds)}) | tokens per forward | identical |")
     print("|---|---|---|---|")
     for label, row in report["entries"].items():

@@ -3,10 +3,11 @@
 
 A verify pass multiplies a block of a few rows (the last token and its drafts: 9 for a tree of 8) by every weight of
 the trunk. torch computes a float32 `linear` on CPU with MKL's sgemm; on this project's 2-core AMD EPYC, for SmolLM2's
-shapes, MKL takes 2-2.5x as long as oneDNN (also inside torch, which uses it for bfloat16) once there are 3 rows or
-more (576 -> 1,536 over 9 rows: 245 against 100 us; benchmarks/README.md, "oneDNN for float32 verify passes"),
-which is why a float32 verify pass cost about 1.6x a one-token pass where in bfloat16 it costs 1.15x. Within the
-multi-token decoding's trunk passes, `OneDNNLinear` sends such products to oneDNN instead.
+shapes, MKL takes 1.4-3.7x as long as oneDNN (also inside torch, which uses it for bfloat16) once there are 3 rows
+or more (576 -> 1,536 over 9 rows: 246 against 151 us; the unembedding 19.6 against 5.4 ms; benchmarks/README.md,
+"oneDNN for float32 verify passes"), which is why a float32 verify pass cost about 1.6x a one-token pass where in
+bfloat16 it costs 1.15x. Within the multi-token decoding's trunk passes, `OneDNNLinear` sends such products to oneDNN
+instead.
 
 Both are float32 products that sum in their own order; a verify block's logits already differ in their last bits from
 the one-token passes of plain greedy (any two kernels, or one kernel at two shapes, do), and the tokens stay the
