@@ -89,8 +89,9 @@ class OneDNNLinear:
 
     def __init__(self, model, min_weight_numel=None):
         threshold = MIN_WEIGHT_NUMEL if min_weight_numel is None else min_weight_numel
+        # (layer, its routed forward), built once per generate() call rather than per pass
         self.layers = [
-            (module, 1 if module.weight.numel() >= ONE_ROW_MIN_WEIGHT_NUMEL else MIN_ROWS)
+            (module, self._routed_forward(module, 1 if module.weight.numel() >= ONE_ROW_MIN_WEIGHT_NUMEL else MIN_ROWS))
             for module in model.modules()
             if type(module) is torch.nn.Linear and _plain_float32_cpu(module.weight)
             and (module.bias is None or _plain_float32_cpu(module.bias)) and module.weight.numel() >= threshold
@@ -99,26 +100,24 @@ class OneDNNLinear:
 
     def __enter__(self):
         self._thread = threading.get_ident()
-        for module, min_rows in self.layers:
+        for module, forward in self.layers:
             if "forward" not in module.__dict__:
-                module.forward = self._routed_forward(module, min_rows)
-                self._installed.append(module)
+                module.forward = forward
+                self._installed.append((module, forward))
         return self
 
     def __exit__(self, *exc_info):
-        for module in self._installed:
-            module.__dict__.pop("forward", None)
+        for module, forward in self._installed:
+            if module.__dict__.get("forward") is forward:
+                del module.forward
         self._installed = []
         return False
 
     def _routed_forward(self, module, min_rows):
-        thread = self._thread
-
         def forward(input):
             weight, bias = module.weight, module.bias
-            if (type(input) is torch.Tensor and input.dtype == torch.float32 and input.device.type == "cpu"
-                    and input.layout == torch.strided and input.dim() >= 1 and input.shape[-1] > 0
-                    and input.numel() // input.shape[-1] >= min_rows and threading.get_ident() == thread
+            if (_plain_float32_cpu(input) and input.dim() >= 1 and input.shape[-1] > 0
+                    and input.numel() // input.shape[-1] >= min_rows and threading.get_ident() == self._thread
                     and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))):
                 return onednn_float32_linear(input, weight, bias)  # looked up per call: the tests spy on it
             return torch.nn.functional.linear(input, weight, bias)
