@@ -83,9 +83,9 @@ class OneDNNLinear:
     tensor subclasses, autograd, small products, other threads) runs as torch runs it.
 
     Why per layer rather than a `TorchFunctionMode` over every operator: a mode intercepts each of the few thousand
-    torch calls of a pass, which cost 5-8 ms per trunk pass of SmolLM2 here (56.9 -> 61.9 ms at one row, routing
-    nothing); replacing the `forward` of the routed layers for the duration of the pass costs one Python call per
-    layer. Layers whose `forward` is already replaced on the instance (accelerate's hooks) are left alone."""
+    torch calls of a pass, which cost 4-9 ms per trunk pass of SmolLM2 here (one token: 59.8 ms plain, 65.7 under the
+    mode; benchmarks/onednn_routing_overhead.py); replacing the `forward` of the routed layers for the duration of
+    the pass costs one Python call per layer. Layers whose `forward` is already replaced on the instance (accelerate's hooks) are left alone."""
 
     def __init__(self, model, min_weight_numel=None):
         threshold = MIN_WEIGHT_NUMEL if min_weight_numel is None else min_weight_numel
