@@ -22,7 +22,7 @@ setup(
         "transformers_mtp.configuration": ["*.yaml"],
     },
     python_requires=">=3.10",
-    # Ranges we test: torch 2.13, transformers 5.24, peft 0.21, huggingface_hub 2.4, safetensors 0.8 (CPU).
+    # Ranges we test: torch 2.13, transformers 5.24 and 5.25, peft 0.21, huggingface_hub 2.4, safetensors 0.8 (CPU).
     install_requires=[
         "torch>=2.6,<2.15",
         "transformers>=5.23,<5.30",

@@ -3,13 +3,18 @@
 # run `bench` on CUDA in bf16 and fp32, and a second training on the greedy responses alone (the data-scaling
 # control). Every stage has its own time limit, and what each leaves is packed into $OUT as soon as it ends.
 #   PRESET=configuration/smollm2-135m-gpu.yaml OUT=/tmp/out bash benchmarks/gpu_run.sh
-# Environment: PRESET, OUT, DEVICE (cuda), BENCH_LIMIT (8 prompts), BENCH_TOKENS (128), and TRAIN_S / BENCH_S /
+# Environment: PRESET, PROMPTS, OUT, DEVICE (cuda), BENCH_LIMIT (8 prompts), BENCH_TOKENS (128), and TRAIN_S / BENCH_S /
 # CONTROL_S: seconds allowed to each stage.
 set -u
 PRESET=${PRESET:-configuration/smollm2-135m-gpu.yaml}
 OUT=${OUT:?set OUT to the folder for results}
 DEVICE=${DEVICE:-cuda}
 RUN=${RUN:-outputs/gpu-run}
+# PROMPTS: a JSONL of prompts (written by benchmarks/export_prompts.py; carry it with the run) that replaces the
+# preset's `data:` list, for presets whose prompt packages this machine cannot install (it reaches no registry).
+if [ -n "${PROMPTS:-}" ]; then
+  mkdir -p "$RUN" && sed "s|^  data: .*|  data: $PROMPTS|" "$PRESET" > "$RUN/preset.yaml" && PRESET=$RUN/preset.yaml
+fi
 export PYTHONUNBUFFERED=1 TRANSFORMERS_MTP_DEBUG=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$RUN"
 stamp() { echo "=== $(date +%T) $*"; }

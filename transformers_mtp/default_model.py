@@ -38,8 +38,8 @@ def load_default_base(*, dtype=torch.float32):
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "default_heads"
 DEFAULT_HEADS_SETTINGS = "multi_token.json"  # the convert() settings the shipped adapter was trained with
-# The shipped heads are the `adapter/` folder that `transformers-mtp train --preset smollm2-135m` writes (58 min on a
-# 2-core CPU); `--preset smollm2-135m-gpu` trains better ones from 7x the data on one GPU (~4 min).
+# The shipped heads are the `adapter/` folder that `transformers-mtp train --preset smollm2-135m-gpu` writes (4.3 min
+# on one H200); `--preset smollm2-135m` trains weaker ones from 1/7 of the data on a 2-core CPU (58 min).
 
 
 def load_default(*, dtype=torch.float32):
@@ -54,8 +54,8 @@ def load_default(*, dtype=torch.float32):
     if not settings_file.is_file():
         raise FileNotFoundError(
             f"The shipped heads are missing ({settings_file}); reinstall transformers-mtp, or train them with "
-            "`transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2` (about an hour on a 2-core CPU; "
-            "--preset smollm2-135m-gpu on one GPU)."
+            "`transformers-mtp train --preset smollm2-135m-gpu --output-dir runs/smollm2-gpu` (minutes on one GPU; "
+            "--preset smollm2-135m trains weaker heads in about an hour on a 2-core CPU)."
         )
     base, tokenizer = load_default_base(dtype=dtype)
     model = convert(base, **json.loads(settings_file.read_text()))
