@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One prepared GPU session (see benchmarks/README or the closing notes): train the heads with the GPU preset, then
-# run `bench` on CUDA in bf16 and fp32, and a second training on the greedy responses alone (the data-scaling
-# control). Every stage has its own time limit, and what each leaves is packed into $OUT as soon as it ends.
+# run `bench` on CUDA in bf16 and fp32, profile a decode step (benchmarks/step_profile.py), and a second training on
+# the greedy responses alone (the data-scaling control). Every stage has its own time limit, and what each leaves is
+# packed into $OUT as soon as it ends.
 #   PRESET=configuration/smollm2-135m-gpu.yaml OUT=/tmp/out bash benchmarks/gpu_run.sh
 # Environment: PRESET, PROMPTS, OUT, DEVICE (cuda), BENCH_LIMIT (8 prompts), BENCH_TOKENS (128), and TRAIN_S / BENCH_S /
-# CONTROL_S: seconds allowed to each stage.
+# PROFILE_S / CONTROL_S: seconds allowed to each stage.
 set -u
 PRESET=${PRESET:-configuration/smollm2-135m-gpu.yaml}
 OUT=${OUT:?set OUT to the folder for results}
@@ -45,6 +46,10 @@ for dtype in bfloat16 float32; do
     --output-dir "$RUN/bench-$dtype" 2>&1 | grep -v "it/s\]$" | tail -25
 done
 pack bench.tar.gz "$RUN/bench-bfloat16" "$RUN/bench-float32"
+
+stamp "step profile on $DEVICE, shipped heads (${PROFILE_S:-120} s): why bf16 verified lost to bf16 greedy"
+timeout "${PROFILE_S:-120}" python3 benchmarks/step_profile.py --device "$DEVICE" --dtype bfloat16 float32 \
+  --limit 2 --repeats 2 --output "$OUT/step_profile.json" 2>&1 | grep -v "it/s\]$" | tail -30
 
 stamp "control: greedy responses only (${CONTROL_S:-150} s)"
 sed 's/^  sampled_per_prompt: .*/  sampled_per_prompt: 0/' "$PRESET" > "$RUN/greedy-only.yaml"
