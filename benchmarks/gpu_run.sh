@@ -49,7 +49,7 @@ pack bench.tar.gz "$RUN/bench-bfloat16" "$RUN/bench-float32"
 
 stamp "step profile on $DEVICE, shipped heads (${PROFILE_S:-120} s): why bf16 verified lost to bf16 greedy"
 timeout "${PROFILE_S:-120}" python3 benchmarks/step_profile.py --device "$DEVICE" --dtype bfloat16 float32 \
-  --limit 2 --repeats 2 --output "$OUT/step_profile.json" 2>&1 | grep -v "it/s\]$" | tail -30
+  --limit 2 --repeats 2 --max-new-tokens "${BENCH_TOKENS:-128}" --output "$OUT/step_profile.json" 2>&1 | grep -v "it/s\]$" | tail -30
 
 stamp "control: greedy responses only (${CONTROL_S:-150} s)"
 sed 's/^  sampled_per_prompt: .*/  sampled_per_prompt: 0/' "$PRESET" > "$RUN/greedy-only.yaml"
