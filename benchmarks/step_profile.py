@@ -6,7 +6,7 @@ The embedded default model and its shipped heads, the first `--limit` benchmark 
 after a warm-up: the unprofiled wall time per step (median of `--repeats` runs), then one run under torch.profiler
 (operator counts and times: `aten::_local_scalar_dense` is every `.item()` / `bool(tensor)` / `.tolist()`, a host
 sync on a GPU; `aten::nonzero` syncs too; `aten::_to_copy` is every dtype or device cast; on CUDA also
-`cudaStreamSynchronize` and device-to-host copies) and one under cProfile (which of this package's functions the
+`cudaStreamSynchronize` / `cudaDeviceSynchronize`) and one under cProfile (which of this package's functions the
 time sits in: on a GPU a function that syncs is charged the wait for the kernels queued before it).
 
     python benchmarks/step_profile.py --device cuda --dtype bfloat16 float32 --output profile.json
@@ -103,6 +103,8 @@ def main():
     if args.limit < 1 or args.repeats < 1:
         parser.error(f"--limit {args.limit} and --repeats {args.repeats} must both be at least 1.")
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device} was given but no CUDA device is visible; use --device cpu.")
     prompts = load_prompts()
     chosen = ([p for p in prompts if p["kind"] == "code"][: (args.limit + 1) // 2]
               + [p for p in prompts if p["kind"] == "chat"][: args.limit // 2])
