@@ -17,7 +17,7 @@ setup(
     + ["transformers_mtp.model_cards", "transformers_mtp.configuration"],
     package_dir={"transformers_mtp.model_cards": "model_cards", "transformers_mtp.configuration": "configuration"},
     package_data={
-        "transformers_mtp": ["bench_prompts.jsonl", "default_heads/*"],
+        "transformers_mtp": ["bench_prompts.jsonl", "default_heads/*", "default_heads_chained/*"],
         "transformers_mtp.model_cards": ["*.md"],
         "transformers_mtp.configuration": ["*.yaml"],
     },

@@ -4,8 +4,9 @@
 # the greedy responses alone (the data-scaling control). Every stage has its own time limit, and what each leaves is
 # packed into $OUT as soon as it ends.
 #   PRESET=configuration/smollm2-135m-gpu.yaml OUT=/tmp/out bash benchmarks/gpu_run.sh
-# Environment: PRESET, PROMPTS, OUT, DEVICE (cuda), BENCH_LIMIT (8 prompts), BENCH_TOKENS (128), and TRAIN_S / BENCH_S /
-# PROFILE_S / CONTROL_S: seconds allowed to each stage.
+# Environment: PRESET, PROMPTS, CHAINED_PRESET (a chained drafter on the same answers, after the first training), OUT,
+# DEVICE (cuda), BENCH_LIMIT (8 prompts), BENCH_TOKENS (128), and TRAIN_S / BENCH_S /
+# PROFILE_S / CONTROL_S / CHAINED_S: seconds allowed to each stage.
 set -u
 PRESET=${PRESET:-configuration/smollm2-135m-gpu.yaml}
 OUT=${OUT:?set OUT to the folder for results}
@@ -36,6 +37,17 @@ timeout "${TRAIN_S:-330}" python3 -m transformers_mtp train --preset "$PRESET" -
 cache=$(python3 -c "import yaml,sys; print(yaml.safe_load(open('$PRESET'))['train']['data_cache'])")
 pack heads.tar.gz "$RUN/heads/adapter" "$RUN/heads/trainer_state.json"
 pack corpus.tar.gz "$cache" "${cache%.jsonl}.sampled.jsonl"
+
+if [ -n "${CHAINED_PRESET:-}" ]; then  # a chained drafter on the same answers (the preset names the same data_cache)
+  chained=$CHAINED_PRESET
+  [ -n "${PROMPTS:-}" ] && sed "s|^  data: .*|  data: $PROMPTS|" "$CHAINED_PRESET" > "$RUN/chained.yaml" && chained=$RUN/chained.yaml
+  stamp "train the chained drafter (${CHAINED_S:-150} s)"
+  rm -rf "$RUN/chained"
+  timeout "${CHAINED_S:-150}" python3 -m transformers_mtp train --preset "$chained" --output-dir "$RUN/chained" \
+    --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$OUT/chained.log" | tail -20
+  pack chained.tar.gz "$RUN/chained/adapter" "$RUN/chained/trainer_state.json" \
+    "$(ls -d "$RUN"/chained/checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1)"
+fi
 
 stamp "bench on $DEVICE (${BENCH_S:-150} s)"
 model_arg=(); [ -f "$RUN/heads/merged/config.json" ] && model_arg=(--model "$RUN/heads/merged")

@@ -181,3 +181,11 @@ def test_export_command(tmp_path, capsys):
     assert "cannot be exported as 'medusa'" in capsys.readouterr().err and not (tmp_path / "out2").exists()
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out3"), "--format", "eagle3"]) == 2
     assert "is not a checkpoint folder" in capsys.readouterr().err
+    # the embedded default model: its generate() heads have no format; medusa is refused before anything loads
+    assert main(["export", "default", str(tmp_path / "out4"), "--format", "medusa"]) == 2
+    assert "ships no resblock / linear heads" in capsys.readouterr().err and not (tmp_path / "out4").exists()
+
+
+def test_unknown_shipped_head_set_is_named():
+    with pytest.raises(ValueError, match=r"heads='medusa' is not a shipped head set; choose one of \['chained', 'default'\]"):
+        transformers_mtp.load_default(heads="medusa")

@@ -82,9 +82,7 @@ def test_shipped_heads_in_vllm_keep_greedy_output_and_accept_about_what_generate
     only: no context lookup, no datastore, no tree; the engines draft differently, a broken export accepts ~0)."""
     from transformers_mtp.training.data import chat_input_ids
 
-    model, tokenizer = transformers_mtp.load_default()
-    if model.config.head_type != "chained":
-        pytest.skip(f"the shipped heads are {model.config.head_type!r}; only chained heads export as eagle3")
+    model, tokenizer = transformers_mtp.load_default(heads="chained")
     limit, max_tokens = 4, 64
     prompts = [json.loads(line) for line in (ROOT / "transformers_mtp" / "bench_prompts.jsonl").read_text().splitlines()]
     prompts = prompts[:2] + prompts[8:10]  # two code, two chat

@@ -27,9 +27,14 @@ def encode_prompt(tokenizer, text, *, raw=False):
     return tokenizer(text, return_tensors="pt")["input_ids"] if raw else chat_input_ids(tokenizer, text)
 
 
+# names that stand for the embedded default model with one of its shipped head sets (default_model.SHIPPED_HEADS)
+DEFAULT_MODEL_NAMES = {"default": "default", "default:chained": "chained"}
+
+
 def load_model_and_tokenizer(model_path, fresh_heads=None, dtype=None):
-    """A converted checkpoint folder; or (no path) the embedded default model with its shipped heads, or with
-    `fresh_heads` untrained heads when that is a number. dtype: a torch.dtype (default float32)."""
+    """A converted checkpoint folder; or (no path, or a name in DEFAULT_MODEL_NAMES) the embedded default model with
+    shipped heads, or with `fresh_heads` untrained heads when that is a number. dtype: a torch.dtype (default
+    float32)."""
     import torch
 
     import transformers_mtp
@@ -38,8 +43,9 @@ def load_model_and_tokenizer(model_path, fresh_heads=None, dtype=None):
     if model_path is None and fresh_heads:
         base, tokenizer = transformers_mtp.load_default_base(dtype=dtype)
         return transformers_mtp.convert(base, num_heads=fresh_heads).eval(), tokenizer
-    if model_path is None:
-        return transformers_mtp.load_default(dtype=dtype)
+    if model_path is None or str(model_path) in DEFAULT_MODEL_NAMES:
+        heads = DEFAULT_MODEL_NAMES[str(model_path or "default")]
+        return transformers_mtp.load_default(dtype=dtype, heads=heads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=dtype).eval()
@@ -192,11 +198,21 @@ def cmd_push(args):
 def cmd_export(args):
     from transformers_mtp.serving_export import export
 
-    if args.model_dir != "default" and not (Path(args.model_dir) / "config.json").is_file():
+    shipped = args.model_dir in DEFAULT_MODEL_NAMES
+    if not shipped and not (Path(args.model_dir) / "config.json").is_file():
         raise FileNotFoundError(f"MODEL_DIR {args.model_dir!r} is not a checkpoint folder (no config.json); pass a "
-                                "folder written by convert, train (its merged/) or save_pretrained, or 'default'.")
-    if args.model_dir == "default" or any((Path(args.model_dir) / name).is_file() for name in TOKENIZER_FILES):
-        model, tokenizer = load_model_and_tokenizer(None if args.model_dir == "default" else args.model_dir)
+                                "folder written by convert, train (its merged/) or save_pretrained, or one of "
+                                f"{', '.join(map(repr, DEFAULT_MODEL_NAMES))}.")
+    if shipped:
+        # the shipped generate() heads (query extension) have no engine format; the chained drafter shipped beside
+        # them is the default model's speculator
+        if args.format == "medusa":
+            raise ValueError(f"MODEL_DIR {args.model_dir!r}: the embedded default model ships no resblock / linear "
+                             "heads, so it has no medusa export; use --format eagle3 (its chained drafter), or train "
+                             "resblock heads (transformers-mtp train --head-type resblock) and export those.")
+        model, tokenizer = load_model_and_tokenizer("default:chained")
+    elif any((Path(args.model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        model, tokenizer = load_model_and_tokenizer(args.model_dir)
     else:  # a folder without a tokenizer: the engine needs one beside the verifier, so say so
         from transformers import AutoModelForCausalLM
 
@@ -401,8 +417,8 @@ def build_parser():
                                    "--format eagle3\n  transformers-mtp export my-resblock-mtp my-medusa --format medusa",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     export.add_argument("model_dir", metavar="MODEL_DIR",
-                        help="converted checkpoint folder (convert, train's merged/), or 'default' (the shipped heads, "
-                             "when their head type has a format)")
+                        help="converted checkpoint folder (convert, train's merged/), or 'default' (the embedded "
+                             "model with its shipped chained drafter; eagle3 only)")
     export.add_argument("output_dir", metavar="OUT_DIR", help="gets verifier/ (the base model), speculator/, README.md")
     export.add_argument("--format", required=True, choices=["eagle3", "medusa"],
                         help="eagle3: head_type chained; medusa: head_type resblock or linear")

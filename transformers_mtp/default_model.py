@@ -37,26 +37,38 @@ def load_default_base(*, dtype=torch.float32):
 
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "default_heads"
+CHAINED_HEADS_DIR = Path(__file__).resolve().parent / "default_heads_chained"
 DEFAULT_HEADS_SETTINGS = "multi_token.json"  # the convert() settings the shipped adapter was trained with
-# The shipped heads are the `adapter/` folder that `transformers-mtp train --preset smollm2-135m-gpu` writes (4.3 min
-# on one H200); `--preset smollm2-135m` trains weaker ones from 1/7 of the data on a 2-core CPU (58 min).
+# The shipped head sets, by `load_default(heads=...)`'s name:
+# - "default": what generate() drafts with, the `adapter/` folder that `transformers-mtp train --preset
+#   smollm2-135m-gpu` writes (4.3 min on one H200); `--preset smollm2-135m` trains weaker ones on a 2-core CPU (58 min);
+# - "chained": the chained (EAGLE-3 style) drafter, for serving engines (`transformers-mtp export default OUT --format
+#   eagle3`): independent query-extension heads have no engine format. `--preset smollm2-135m-chained`.
+SHIPPED_HEADS = {"default": (DEFAULT_HEADS_DIR, "smollm2-135m-gpu"), "chained": (CHAINED_HEADS_DIR,
+                                                                               "smollm2-135m-chained")}
 
 
-def load_default(*, dtype=torch.float32):
-    """(model, tokenizer): SmolLM2-135M-Instruct with the trained heads shipped in this package attached. dtype: a
-    torch.dtype or a name, "auto" included (see `load_base_model`); exact greedy identity holds in float32."""
+def load_default(*, dtype=torch.float32, heads="default"):
+    """(model, tokenizer): SmolLM2-135M-Instruct with trained heads shipped in this package attached. dtype: a
+    torch.dtype or a name, "auto" included (see `load_base_model`); exact greedy identity holds in float32.
+    heads: "default" (the heads generate() is tuned for) or "chained" (the chained drafter, which exports to
+    vLLM's EAGLE-3 format)."""
     import json
 
     from .conversion import convert
     from .training import load_trained_heads
 
-    settings_file = DEFAULT_HEADS_DIR / DEFAULT_HEADS_SETTINGS
+    if heads not in SHIPPED_HEADS:
+        raise ValueError(f"heads={heads!r} is not a shipped head set; choose one of {sorted(SHIPPED_HEADS)}.")
+    folder, preset = SHIPPED_HEADS[heads]
+    settings_file = folder / DEFAULT_HEADS_SETTINGS
     if not settings_file.is_file():
         raise FileNotFoundError(
             f"The shipped heads are missing ({settings_file}); reinstall transformers-mtp, or train them with "
-            "`transformers-mtp train --preset smollm2-135m-gpu --output-dir runs/smollm2-gpu` (minutes on one GPU; "
-            "--preset smollm2-135m trains weaker heads in about an hour on a 2-core CPU)."
+            f"`transformers-mtp train --preset {preset} --output-dir runs/{preset}`"
+            + (" (minutes on one GPU; --preset smollm2-135m trains weaker heads in about an hour on a 2-core CPU)."
+               if heads == "default" else ".")
         )
     base, tokenizer = load_default_base(dtype=dtype)
     model = convert(base, **json.loads(settings_file.read_text()))
-    return load_trained_heads(model, DEFAULT_HEADS_DIR).eval(), tokenizer
+    return load_trained_heads(model, folder).eval(), tokenizer
