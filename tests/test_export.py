@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from conftest import VOCAB, tiny_base
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 import transformers_mtp
@@ -29,22 +29,29 @@ def rms(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def eagle3_reference_logits(folder, base, input_ids, steps):
+def eagle3_reference_logits(folder, base, input_ids, steps, layout="speculators"):
     """
-    Draft logits [T, steps, V] as vLLM's EAGLE-3 drafter computes them from the exported files alone: step 1 at
+    Draft logits [T, steps, V] as vLLM's EAGLE-3 drafter computes them from the exported files alone (`layout=
+    "sglang"`: as SGLang's LlamaForCausalLMEagle3 reads its own layout, which computes the same layer): step 1 at
     every position t reads fc(taps at t) and the embedding of token t + 1; step j reads step j - 1's output before
     the final norm and the embedding of token t + j (the text's, as if every draft were accepted), at position
     t + j - 1, attending step 1's keys over positions <= t and its own chain's keys. -inf outside the draft vocab.
     """
     config = json.loads((folder / "config.json").read_text())
     w = load_file(folder / "model.safetensors")
-    layer_config = LlamaConfig(**config["transformer_layer_config"])
+    if layout == "sglang":  # a flat Llama config, the layer as `midlayer.*`, and SGLang captures tap id + 1
+        layer_config = LlamaConfig(**{k: v for k, v in config.items() if k != "eagle_config"})
+        tap_states = [i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        w = {name.replace("midlayer.", "layers.0.", 1): t for name, t in w.items()}
+    else:
+        layer_config = LlamaConfig(**config["transformer_layer_config"])
+        tap_states = config["eagle_aux_hidden_state_layer_ids"]
     eps, heads, kv_heads = layer_config.rms_norm_eps, layer_config.num_attention_heads, layer_config.num_key_value_heads
     head_dim = layer_config.head_dim
     rotary = LlamaRotaryEmbedding(layer_config)
     with torch.no_grad():
         out = base(input_ids, output_hidden_states=True)
-    taps = torch.cat([out.hidden_states[i][0] for i in config["eagle_aux_hidden_state_layer_ids"]], dim=-1)
+    taps = torch.cat([out.hidden_states[i][0] for i in tap_states], dim=-1)
     embed = base.get_input_embeddings().weight
     length = input_ids.shape[1] - steps  # positions whose every step has a text token to read
 
@@ -114,6 +121,42 @@ def test_eagle3_export_computes_our_chained_drafter_as_vllm_reads_it(arch, extra
     drafted[model.draft_unembedding()[1] if "draft_vocab_size" in extra else slice(None)] = True
     assert torch.equal(torch.isfinite(reference), drafted.expand_as(reference))
     torch.testing.assert_close(reference[..., drafted], ours[:length][..., drafted], rtol=1e-4, atol=1e-4)
+    # these tiny models tap 2 states or the embeddings, which SGLang's EAGLE-3 cannot take: no layout for it
+    assert not (out / "speculator-sglang").exists()
+    assert "no SGLang layout was written" in (out / "README.md").read_text()
+
+
+def test_eagle3_export_writes_sglangs_layout_where_sglang_can_read_it(tmp_path):
+    """Three taps, none the embeddings (unsorted here): `speculator-sglang/` holds the drafter as SGLang's
+    LlamaForCausalLMEagle3 loads it, and recomputed that way it gives our drafter's logits."""
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, bos_token_id=0,
+                         eos_token_id=1, pad_token_id=2)
+    torch.manual_seed(0)
+    model = randomised(transformers_mtp.convert(LlamaForCausalLM(config), num_heads=4, head_type="chained",
+                                                head_feature_layers=[3, 1, 2], draft_vocab_size=40))
+    model.set_draft_vocabulary(torch.randperm(VOCAB)[:40])
+    out = export(model, tmp_path / "out", format="eagle3")
+    sglang = out / "speculator-sglang"
+    sglang_config = json.loads((sglang / "config.json").read_text())
+    assert sglang_config["architectures"] == ["LlamaForCausalLMEagle3"] and sglang_config["num_hidden_layers"] == 1
+    assert sglang_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # one lower than ours
+    assert (sglang_config["draft_vocab_size"], sglang_config["target_hidden_size"]) == (40, 32)
+    names = set(load_file(sglang / "model.safetensors"))
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.self_attn.q_proj.weight",
+            "midlayer.hidden_norm.weight", "midlayer.mlp.down_proj.weight"} <= names
+    assert not any(name.startswith("layers.") for name in names)
+    readme = (out / "README.md").read_text()
+    assert "--speculative-algorithm EAGLE3 --speculative-draft-model-path speculator-sglang" in readme
+    assert "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in readme
+    input_ids = torch.randint(3, VOCAB, (1, 14), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(input_ids, output_head_logits=True).head_logits[0]
+    verifier = AutoModelForCausalLM.from_pretrained(out / "verifier")
+    reference = eagle3_reference_logits(sglang, verifier, input_ids, steps=3, layout="sglang")
+    drafted = torch.zeros(VOCAB, dtype=torch.bool)
+    drafted[model.draft_unembedding()[1]] = True
+    torch.testing.assert_close(reference[..., drafted], ours[: reference.shape[0]][..., drafted], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("arch,head_type", [("llama", "resblock"), ("gpt2", "resblock"), ("llama", "linear")])

@@ -19,9 +19,11 @@ We do not build a server: a model trained here is served by vLLM (or SGLang) wit
   draft vocabulary, which changes which tokens are proposed, never the verified output.
 
 Next to the speculator goes the base model as a plain transformers checkpoint (`verifier/`), which the engine
-serves as the target, and a README with the commands. Tested in vLLM (tests/test_vllm_serving.py); SGLang reads
-EAGLE-3 drafts in a layout of its own, which this does not write. Written by hand, not with the `speculators` package: it
-pins its own transformers and torch, and the format is a config plus renamed tensors.
+serves as the target, and a README with the commands. Tested in vLLM (tests/test_vllm_serving.py). SGLang reads
+EAGLE-3 drafts in a layout of its own (`LlamaForCausalLMEagle3`): an `eagle3` export also writes the same tensors
+that way (`speculator-sglang/`; see `sglang_eagle3_checkpoint`), checked against SGLang's loader as its source has
+it, not run in SGLang (no SGLang build runs on our CPU machines). Written by hand, not with the `speculators`
+package: it pins its own transformers and torch, and the format is a config plus renamed tensors.
 """
 
 import json
@@ -35,7 +37,8 @@ from .saving import save_atomically
 
 EXPORT_FORMATS = {"eagle3": ("chained",), "medusa": ("resblock", "linear")}
 EAGLE3_ARCHITECTURES = ("llama", "mistral", "qwen2")  # Llama-style layers vLLM's Eagle3LlamaForCausalLM computes
-SPECULATOR_DIR, VERIFIER_DIR = "speculator", "verifier"
+SPECULATOR_DIR, VERIFIER_DIR, SGLANG_DIR = "speculator", "verifier", "speculator-sglang"
+SGLANG_NUM_TAPS = 3  # SGLang's LlamaForCausalLMEagle3 sizes its fc for 3 tapped hidden states
 # transformer_layer_config keys copied from the base config: the draft layer has the base layers' shapes and rope
 _LAYER_CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                       "hidden_act", "rms_norm_eps", "max_position_embeddings", "vocab_size", "rope_theta",
@@ -151,6 +154,29 @@ def eagle3_checkpoint(model, *, verifier_name="verifier", num_speculative_tokens
     return speculator_config, _contiguous(tensors)
 
 
+def sglang_eagle3_checkpoint(speculator_config, tensors):
+    """
+    The EAGLE-3 drafter of `eagle3_checkpoint` in SGLang's own layout, or None where SGLang cannot express it.
+
+    SGLang's `LlamaForCausalLMEagle3` computes the same layer (residual = the un-normed input, as
+    `norm_before_residual: false`), but loads a flat Llama config (`architectures: ["LlamaForCausalLMEagle3"]`,
+    `draft_vocab_size`, `target_hidden_size`), names the layer `midlayer.*`, and reads the taps from
+    `eagle_config.eagle_aux_hidden_state_layer_ids` counted one lower (SGLang captures id + 1, the input of that
+    layer). Its fc takes exactly 3 taps, and a tap of the embeddings (id 0) has no id there: both give None.
+    """
+    taps = speculator_config["eagle_aux_hidden_state_layer_ids"]
+    if len(taps) != SGLANG_NUM_TAPS or min(taps) < 1:
+        return None
+    config = {k: v for k, v in speculator_config["transformer_layer_config"].items() if k != "num_aux_hidden_states"}
+    config.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=speculator_config["draft_vocab_size"],
+                  target_hidden_size=speculator_config["target_hidden_size"],
+                  eagle_config={"eagle_aux_hidden_state_layer_ids": [tap - 1 for tap in taps],
+                                "use_aux_hidden_state": True})
+    renamed = {("midlayer." + name.removeprefix("layers.0.")) if name.startswith("layers.0.") else name: tensor
+               for name, tensor in tensors.items()}
+    return config, renamed
+
+
 def plain_architecture(model):
     """The transformers class name the base model is saved as (e.g. LlamaForCausalLM)."""
     return _transformers_class(type(model)).__name__
@@ -178,7 +204,7 @@ def medusa_checkpoint(model):
     return medusa_config, _contiguous(tensors)
 
 
-def serving_readme(format, num_speculative_tokens, *, measured=None):
+def serving_readme(format, num_speculative_tokens, *, measured=None, sglang=False):
     """The README of an export folder: how vLLM loads it (paths relative to the folder), and what SGLang needs."""
     method = "eagle3" if format == "eagle3" else "medusa"
     lines = [
@@ -206,17 +232,24 @@ def serving_readme(format, num_speculative_tokens, *, measured=None):
         "vllm.entrypoints.openai.api_server --model verifier ...` with the same options.)",
         "",
     ]
-    if format == "eagle3":
+    if format == "eagle3" and sglang:
         lines += [
             "## SGLang",
             "",
-            "Not tested (no SGLang build runs on the machines this was made on). SGLang reads EAGLE-3 drafts in its own "
-            "layout (weights under `midlayer.*`, `architectures: [\"LlamaForCausalLMEagle3\"]`, tap ids counted one "
-            "lower), not in this speculators layout; its flags are `--speculative-algorithm EAGLE3 "
-            "--speculative-draft-model-path DRAFT --speculative-num-steps N --speculative-eagle-topk 1 "
-            "--speculative-num-draft-tokens N+1`.",
+            f"`{SGLANG_DIR}/` holds the same drafter in SGLang's own EAGLE-3 layout (`LlamaForCausalLMEagle3`, weights "
+            "under `midlayer.*`, tap ids counted one lower). Not run in SGLang: no SGLang build runs on the machines "
+            "this was made on.",
+            "",
+            "```bash",
+            f"python -m sglang.launch_server --model-path {VERIFIER_DIR} --dtype float32 --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {SGLANG_DIR} --speculative-num-steps {num_speculative_tokens} "
+            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {num_speculative_tokens + 1}",
+            "```",
             "",
         ]
+    elif format == "eagle3":
+        lines += ["## SGLang", "", "SGLang's EAGLE-3 drafts tap exactly 3 layers, none of them the embeddings; this "
+                  "drafter's taps differ, so no SGLang layout was written.", ""]
     lines += ["## Measured", "", measured or "Not measured yet: see transformers-mtp's benchmarks/vllm_serving.py.", ""]
     return "\n".join(lines)
 
@@ -225,7 +258,8 @@ def export(model, output_dir, *, format, tokenizer=None, num_speculative_tokens=
     """
     Write `model`'s trained heads into `output_dir` in a serving engine's format (`format`: "eagle3" for the chained
     drafter, "medusa" for resblock / linear heads; see the module docstring), with the base model beside them as a
-    plain checkpoint (`verifier/`, with `tokenizer` when given) and a README with the vLLM / SGLang commands. The
+    plain checkpoint (`verifier/`, with `tokenizer` when given), for eagle3 the same drafter in SGLang's layout
+    (`speculator-sglang/`, where SGLang can express it) and a README with the vLLM / SGLang commands. The
     folder is written whole or not at all; an existing non-empty `output_dir` is an error unless `overwrite`.
     Returns the output folder.
     """
@@ -243,13 +277,19 @@ def export(model, output_dir, *, format, tokenizer=None, num_speculative_tokens=
             plain_base_model(model).save_pretrained(folder / VERIFIER_DIR)
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder / VERIFIER_DIR)
+            sglang = None
             if format == "eagle3":
                 config, tensors = eagle3_checkpoint(model, verifier_name=VERIFIER_DIR, num_speculative_tokens=tokens)
+                sglang = sglang_eagle3_checkpoint(config, tensors)
             else:
                 config, tensors = medusa_checkpoint(model)
-        (folder / SPECULATOR_DIR).mkdir()
-        (folder / SPECULATOR_DIR / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, str(folder / SPECULATOR_DIR / "model.safetensors"), metadata={"format": "pt"})
-        (folder / "README.md").write_text(serving_readme(format, tokens))
+        folders = {SPECULATOR_DIR: (config, tensors)}
+        if sglang is not None:
+            folders[SGLANG_DIR] = sglang
+        for name, (folder_config, folder_tensors) in folders.items():
+            (folder / name).mkdir()
+            (folder / name / "config.json").write_text(json.dumps(folder_config, indent=2) + "\n")
+            save_file(folder_tensors, str(folder / name / "model.safetensors"), metadata={"format": "pt"})
+        (folder / "README.md").write_text(serving_readme(format, tokens, sglang=sglang is not None))
 
     return save_atomically(None, output_dir, write_extra=write, overwrite=overwrite)
