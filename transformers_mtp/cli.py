@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from transformers_mtp.default_model import SHIPPED_HEADS
+
 DEBUG_ENV = "TRANSFORMERS_MTP_DEBUG"
 # files a saved tokenizer leaves in its folder (any one of them)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -27,8 +29,8 @@ def encode_prompt(tokenizer, text, *, raw=False):
     return tokenizer(text, return_tensors="pt")["input_ids"] if raw else chat_input_ids(tokenizer, text)
 
 
-# names that stand for the embedded default model with one of its shipped head sets (default_model.SHIPPED_HEADS)
-DEFAULT_MODEL_NAMES = {"default": "default", "default:chained": "chained"}
+# names that stand for the embedded default model with one of its shipped head sets: "default", "default:chained"
+DEFAULT_MODEL_NAMES = {"default": "default", **{f"default:{name}": name for name in SHIPPED_HEADS if name != "default"}}
 
 
 def load_model_and_tokenizer(model_path, fresh_heads=None, dtype=None):
