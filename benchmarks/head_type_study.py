@@ -23,8 +23,8 @@ from transformers_mtp.training import HeadTrainingConfig, train_heads, training_
 from transformers_mtp.training.data import cache_trunk_features, check_sequences
 
 HEAD_TYPES = {  # name -> convert() settings beyond the preset's
-    "linear": {"head_type": "linear"},
-    "resblock": {"head_type": "resblock"},
+    "linear": {"head_type": "linear", "head_input": "feature"},
+    "resblock": {"head_type": "resblock", "head_input": "feature"},
     "query_extension": {"head_type": "query_extension", "head_input": "feature"},
     "query_extension+token": {"head_type": "query_extension", "head_input": "feature_and_token"},
     "query_extension+sequential": {"head_type": "query_extension", "head_input": "sequential"},

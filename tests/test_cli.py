@@ -3,7 +3,7 @@ import torch
 import yaml
 from conftest import VOCAB, tiny_base
 from huggingface_hub import ModelCard
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from transformers_mtp.cli import build_parser, main
 from transformers_mtp.presets import PRESET_DIR, load_preset
@@ -27,6 +27,20 @@ def test_convert_command_writes_a_loadable_checkpoint_with_card(arch, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".converted")]  # no staging folder left
     # a bare weights folder brings no tokenizer, and none is made up (transformers builds an empty one for Qwen)
     assert not [p.name for p in out.iterdir() if p.name.startswith(("tokenizer", "vocab"))]
+
+
+def test_head_type_override_drops_a_query_extension_preset_head_input(tmp_path, capsys):
+    # a preset written for query_extension heads (head_input: feature_and_token) with --head-type resblock: the
+    # heads read the final hidden state alone, so the preset's head_input is dropped and said, not an error
+    tiny_base("llama").save_pretrained(tmp_path / "base")
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("num_heads: 3\nhead_type: query_extension\nhead_input: feature_and_token\n")
+    out = tmp_path / "converted"
+    assert main(["convert", "--preset", str(preset), "--base", str(tmp_path / "base"), "--output-dir", str(out),
+                 "--head-type", "resblock"]) == 0
+    assert "ignoring the preset's head_input='feature_and_token'" in capsys.readouterr().out
+    config = AutoConfig.from_pretrained(out)
+    assert (config.head_type, config.head_input) == ("resblock", "feature")
 
 
 def test_convert_command_keeps_the_base_folders_tokenizer(tmp_path):
@@ -66,7 +80,7 @@ def test_presets_are_valid_and_unknown_keys_rejected(tmp_path):
     names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
     assert names == [
         "gpt2", "llama", "smollm2-135m", "smollm2-135m-chained", "smollm2-135m-chained-gpu-real", "smollm2-135m-gpu",
-        "smollm2-135m-gpu-real", "smollm2-135m-real",
+        "smollm2-135m-gpu-real", "smollm2-135m-medusa", "smollm2-135m-real",
     ]
     for name in names:
         preset = load_preset(name)

@@ -63,6 +63,18 @@ def resolve_dtype_argument(value, device="cpu"):
     return dtype, why
 
 
+def override_head_type(settings, head_type):
+    """Apply `--head-type` over a preset's head settings. A preset's `head_input` feeds query_extension heads only,
+    so it is dropped (and said) when the command line asks for heads that read the final hidden state alone."""
+    if head_type is None:
+        return
+    settings["head_type"] = head_type
+    if head_type in ("linear", "resblock") and settings.get("head_input", "feature") != "feature":
+        print(f"--head-type {head_type}: ignoring the preset's head_input={settings['head_input']!r} "
+              f"({head_type} heads read the final hidden state).")
+        settings["head_input"] = "feature"
+
+
 def cmd_convert(args):
     import torch
 
@@ -73,9 +85,10 @@ def cmd_convert(args):
     from transformers_mtp.saving import save_atomically
 
     settings = load_preset(args.preset) if args.preset else {}
-    for key in ("base", "num_heads", "head_type", "num_predict_heads"):  # the command line overrides the preset
+    for key in ("base", "num_heads", "num_predict_heads"):  # the command line overrides the preset
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
+    override_head_type(settings, args.head_type)
     source = settings.pop("base", "default")
     dtype = getattr(torch, args.dtype)
     if source == "default":
@@ -114,8 +127,7 @@ def cmd_train(args):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     head_settings = {k: v for k, v in preset.items() if k not in ("base", "train")}
-    if args.head_type:
-        head_settings["head_type"] = args.head_type
+    override_head_type(head_settings, args.head_type)
     if preset.get("base", "default") != "default":
         raise ValueError("train runs on the embedded default model for now; set base: default in the preset.")
     import torch
@@ -211,7 +223,7 @@ def cmd_export(args):
         if args.format == "medusa":
             raise ValueError(f"MODEL_DIR {args.model_dir!r}: the embedded default model ships no resblock / linear "
                              "heads, so it has no medusa export; use --format eagle3 (its chained drafter), or train "
-                             "resblock heads (transformers-mtp train --head-type resblock) and export those.")
+                             "resblock heads (transformers-mtp train --preset smollm2-135m-medusa) and export those.")
         model, tokenizer = load_model_and_tokenizer("default:chained")
     elif any((Path(args.model_dir) / name).is_file() for name in TOKENIZER_FILES):
         model, tokenizer = load_model_and_tokenizer(args.model_dir)

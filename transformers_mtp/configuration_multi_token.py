@@ -117,6 +117,14 @@ class MultiTokenConfigMixin:
                 f"got head_type={self.head_type!r}, head_share_kv={self.head_share_kv}. Use head_type="
                 "'query_extension' with head_share_kv=True, or head_input='feature_and_token'."
             )
+        if self.head_input != "feature" and self.head_type in ("linear", "resblock"):
+            # these heads read the final hidden state alone: accepting another input would train and export heads
+            # that silently ignore it
+            raise ValueError(
+                f"head_input={self.head_input!r} is read by head_type='query_extension' only; head_type="
+                f"{self.head_type!r} heads read the final hidden state. Drop head_input (it defaults to 'feature'), "
+                "or set head_type='query_extension'."
+            )
         if self.head_feature_layers is not None:
             layers = self.head_feature_layers
             if self.head_type != "chained":
