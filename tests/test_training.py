@@ -540,3 +540,63 @@ def test_bf16_setting_is_the_precision_the_heads_loss_is_computed_in(bf16, tmp_p
     assert evaluation and set(evaluation) == {None}
     assert all(p.dtype == torch.float32 for p in merged.mtp_heads.parameters())
     assert all(torch.equal(v, base_state(merged)[k]) for k, v in before.items())
+
+
+def test_training_can_start_from_trained_heads(tmp_path):
+    """init_heads: a run starts from an earlier run's heads and draft vocabulary, not from new heads."""
+    settings = dict(num_heads=3, head_type="query_extension", head_input="feature_and_token", head_rank=8,
+                    draft_vocab_size=40)
+
+    def run(name, sequences, **extra):
+        model = transformers_mtp.convert(tiny_base("llama"), **settings)
+        before = base_state(model)
+        config = HeadTrainingConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=4, eval_steps=100,
+                                    save_steps=100, logging_steps=10, eval_fraction=0.2, **extra)
+        merged, _ = train_heads(model, sequences, config, progress=False)
+        after = base_state(merged)
+        assert all(torch.equal(before[k], after[k]) for k in before)  # the base stays bit-identical
+        return merged
+
+    data_model = transformers_mtp.convert(tiny_base("llama"), **settings)
+    first_data, second_data = greedy_sequences(data_model, seed=0), greedy_sequences(data_model, seed=1)
+    first = run("first", first_data, max_steps=20, learning_rate=3e-3)
+    heads = {k: v for k, v in first.state_dict().items() if k.startswith("mtp_heads.")}
+    # at learning rate 0 the heads come out exactly as they went in: they were loaded, not made anew
+    frozen = run("frozen", second_data, max_steps=2, learning_rate=0.0, init_heads=str(tmp_path / "first" / "adapter"))
+    assert torch.equal(frozen.draft_unembedding()[1], first.draft_unembedding()[1])
+    for name, value in frozen.state_dict().items():
+        if name.startswith("mtp_heads.") and "datastore" not in name:
+            assert torch.equal(value, heads[name]), name
+    fresh = transformers_mtp.convert(tiny_base("llama"), **settings)
+    assert not torch.equal(fresh.state_dict()["mtp_heads.0.token_fc.weight"],
+                           heads["mtp_heads.0.token_fc.weight"])  # the check above can fail
+    # more training on new data lowers the loss on it, from where the first run left off
+    tuned = run("tuned", second_data, max_steps=20, learning_rate=3e-3, init_heads=str(tmp_path / "first" / "adapter"))
+    batch = collate_features(cache_trunk_features(first, second_data[:6], progress=False))
+    assert features_loss(tuned, batch)[0].item() < features_loss(first, batch)[0].item()
+
+
+def test_init_heads_that_do_not_fit_are_a_clear_error(tmp_path):
+    from transformers_mtp.default_model import DEFAULT_HEADS_DIR
+    from transformers_mtp.training.adapters import init_heads_folder
+
+    assert init_heads_folder("default") == DEFAULT_HEADS_DIR
+    model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock")
+    sequences = greedy_sequences(model, count=8)
+    train_heads(model, sequences, HeadTrainingConfig(output_dir=str(tmp_path / "first"), max_steps=1,
+                                                     per_device_train_batch_size=4, save_steps=100), progress=False)
+    adapter = str(tmp_path / "first" / "adapter")
+    with pytest.raises(FileNotFoundError, match="multi_token.json is missing.*adapter/ folder"):
+        train_heads(model, sequences, HeadTrainingConfig(output_dir=str(tmp_path / "a"), init_heads=str(tmp_path)),
+                    progress=False)
+    other = transformers_mtp.convert(tiny_base("llama"), num_heads=4, head_type="resblock")
+    with pytest.raises(ValueError, match="num_heads=3 but this model has num_heads=4"):
+        train_heads(other, greedy_sequences(other, count=8),
+                    HeadTrainingConfig(output_dir=str(tmp_path / "b"), init_heads=adapter), progress=False)
+    query = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="query_extension", head_rank=8)
+    train_heads(query, sequences, HeadTrainingConfig(output_dir=str(tmp_path / "q"), max_steps=1, save_steps=100,
+                                                     per_device_train_batch_size=4), progress=False)
+    query = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="query_extension", head_rank=8)
+    with pytest.raises(ValueError, match="LoRA r=8 but this run uses r=4"):
+        train_heads(query, sequences, HeadTrainingConfig(output_dir=str(tmp_path / "c"), lora_rank=4,
+                                                         init_heads=str(tmp_path / "q" / "adapter")), progress=False)

@@ -123,7 +123,7 @@ def cmd_train(args):
     check_single_process()  # before hours of self-distillation, not after
     preset = load_preset(args.preset)
     settings = dict(preset.get("train") or {})
-    for key in ("max_steps", "num_train_epochs", "learning_rate", "data"):
+    for key in ("max_steps", "num_train_epochs", "learning_rate", "data", "init_heads"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     head_settings = {k: v for k, v in preset.items() if k not in ("base", "train")}
@@ -139,6 +139,11 @@ def cmd_train(args):
     base, tokenizer = transformers_mtp.load_default_base()
     base = base.to(device)  # before convert(), so that the heads are made on the same device
     model = transformers_mtp.convert(base, **head_settings)
+    if settings.get("init_heads") is not None:  # a mismatch is found now, not after hours of self-distillation
+        from transformers_mtp.training.adapters import check_init_heads, init_heads_folder, lora_config_for
+
+        check_init_heads(model, init_heads_folder(settings["init_heads"]),
+                         lora_config_for(model, settings.get("lora_rank")))
     sequences = training_sequences(base, tokenizer, settings)
     config = HeadTrainingConfig(output_dir=args.output_dir, overwrite=args.overwrite, resume=args.resume,
                                 **{k: v for k, v in settings.items() if k not in TRAIN_DATA_KEYS})
@@ -390,7 +395,9 @@ def build_parser():
     train = sub.add_parser("train", help="train the heads with PEFT LoRA by self-distillation",
                            epilog="examples:\n  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2\n"
                                   "  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2 --resume\n"
-                                  "  transformers-mtp train --preset smollm2-135m-gpu --output-dir runs/smollm2-gpu",
+                                  "  transformers-mtp train --preset smollm2-135m-gpu --output-dir runs/smollm2-gpu\n"
+                                  "  transformers-mtp train --preset smollm2-135m-gpu --init-heads default "
+                                  "--data my.jsonl --output-dir runs/mine",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--preset", default="smollm2-135m", help="YAML preset with a train: section")
     train.add_argument("--output-dir", required=True)
@@ -399,6 +406,9 @@ def build_parser():
     train.add_argument("--max-steps", type=int, default=None)
     train.add_argument("--num-train-epochs", type=float, default=None)
     train.add_argument("--learning-rate", type=float, default=None)
+    train.add_argument("--init-heads", default=None,
+                       help="start from trained heads: the adapter/ folder of an earlier run, or a shipped head set "
+                            "('default', 'chained'), e.g. to adapt the shipped heads to your own data")
     train.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible, else cpu)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     train.add_argument("--overwrite", action="store_true", help="start over in a non-empty --output-dir")

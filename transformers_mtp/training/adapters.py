@@ -80,6 +80,52 @@ def restore_draft_tables(model, checkpoint):
         "run (overwrite=True)."))
 
 
+def init_heads_folder(name_or_path):
+    """The adapter folder `HeadTrainingConfig.init_heads` names: a shipped head set's folder by its name, else the path.
+    A folder that is not a head adapter raises FileNotFoundError saying what it lacks."""
+    from ..default_model import SHIPPED_HEADS  # imported here: default_model loads heads through this module
+
+    folder = Path(SHIPPED_HEADS[name_or_path][0] if name_or_path in SHIPPED_HEADS else name_or_path)
+    for name in (HEAD_SETTINGS_FILE, "adapter_config.json", "adapter_model.safetensors"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(
+                f"init_heads={str(name_or_path)!r}: {folder / name} is missing. Pass the adapter/ folder of an earlier "
+                f"`transformers-mtp train` run, or a shipped head set's name ({', '.join(SHIPPED_HEADS)}).")
+    return folder
+
+
+def check_init_heads(model, folder, lora_config):
+    """The heads in `folder` (see `init_heads_folder`) must have the model's head settings and `lora_config`'s LoRA
+    layout: other heads would load partly or not at all, so a difference is a ValueError naming it."""
+    saved = json.loads((folder / HEAD_SETTINGS_FILE).read_text())
+    for key in HEAD_SETTING_KEYS:
+        if key in saved and saved[key] != getattr(model.config, key):
+            raise ValueError(f"init_heads {folder} has {key}={saved[key]!r} but this model has "
+                             f"{key}={getattr(model.config, key)!r}; train with the head settings those heads were "
+                             "trained with (their multi_token.json), or start from new heads (no init_heads).")
+    saved_lora = LoraConfig.from_pretrained(str(folder))
+    for key in ("r", "lora_alpha", "modules_to_save"):
+        theirs, ours = getattr(saved_lora, key), getattr(lora_config, key)
+        if (sorted(theirs) if isinstance(theirs, (list, set)) else theirs) != (
+                sorted(ours) if isinstance(ours, (list, set)) else ours):
+            raise ValueError(f"init_heads {folder} has LoRA {key}={theirs!r} but this run uses {key}={ours!r}; set "
+                             "lora_rank to the rank those heads were trained with, or start from new heads.")
+
+
+def start_from_trained_heads(model, folder):
+    """A trainable PEFT model whose heads start as the adapter in `folder` (checked by `check_init_heads`). The draft
+    tables are not touched (`restore_draft_vocabulary`)."""
+    return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+
+
+def restore_draft_vocabulary(model, folder):
+    """Set the draft vocabulary the heads in `folder` were trained with (they rank exactly these tokens)."""
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the heads in {folder} were trained with a draft vocabulary.")
+    model.set_draft_vocabulary(load_file(str(path))["draft_token_ids"])
+
+
 def lora_config_for(model, rank=None) -> LoraConfig:
     """LoRA on the heads only, on the submodules their class declares (`lora_targets`, `modules_to_save`). The regexes
     are full matches, so no base layer is touched (a plain ["q_proj"] would adapt every base attention layer too)."""

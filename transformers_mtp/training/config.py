@@ -30,6 +30,10 @@ class HeadTrainingConfig:
             divergence from its distribution over the drafting vocabulary (soft targets; see `features_loss`).
         overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
         resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
+        init_heads (`str`, *optional*): start from trained heads instead of new ones: a head adapter folder
+            (`OUTPUT_DIR/adapter` of an earlier run) or the name of a shipped head set ("default", "chained"). Its
+            LoRA weights, fully trained modules and draft vocabulary are the starting point; its head settings must
+            be the model's. The draft datastore is built from this run's sequences, as in any run.
     """
 
     output_dir: str
@@ -52,6 +56,7 @@ class HeadTrainingConfig:
     head_loss: str = "cross_entropy"
     overwrite: bool = False
     resume: bool = False
+    init_heads: str | None = None
 
     def __post_init__(self):
         if self.head_loss not in HEAD_LOSSES:

@@ -15,10 +15,14 @@ from transformers import TrainingArguments
 from ..draft_datastore import build_draft_datastore
 from ..saving import save_atomically
 from .adapters import (
+    check_init_heads,
+    init_heads_folder,
     lora_config_for,
     most_emitted_tokens,
     restore_draft_tables,
+    restore_draft_vocabulary,
     save_head_settings,
+    start_from_trained_heads,
 )
 from .checkpoints import (
     check_checkpoint_recipe,
@@ -54,9 +58,14 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     all_features=True)`, to train several head types on one cache. Training runs on the model's device: move the
     model to a GPU first to train there (bf16 by default). It runs in one process and raises under `torchrun` /
     `accelerate launch`. With `config.resume`, the latest checkpoint's recipe must match this call's (the same model,
-    sequences and settings) and its draft vocabulary and datastore are used as saved.
+    sequences and settings) and its draft vocabulary and datastore are used as saved. With `config.init_heads` the
+    heads start as those trained heads (and their draft vocabulary) instead of new ones.
     """
     check_single_process()
+    lora_config = lora_config_for(model, config.lora_rank)
+    init_dir = init_heads_folder(config.init_heads) if config.init_heads is not None else None
+    if init_dir is not None:  # before any work
+        check_init_heads(model, init_dir, lora_config)
     output_dir = prepare_output_dir(config)
     if features is not None:
         if len(features) != len(sequences):
@@ -80,14 +89,19 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
         check_checkpoint_recipe(checkpoint, recipe)
         restore_draft_tables(model, checkpoint)
     else:
-        if model.config.draft_vocab_size is not None:
+        if model.config.draft_vocab_size is not None and init_dir is not None:
+            restore_draft_vocabulary(model, init_dir)
+        elif model.config.draft_vocab_size is not None:
             model.set_draft_vocabulary(most_emitted_tokens(train_features, model.config.draft_vocab_size))
         if model.config.draft_datastore_size is not None:  # from every answer: the datastore is not what eval measures
             model.set_draft_datastore(*build_draft_datastore(
                 usable, vocab_size=model.config.vocab_size, length=model.config.num_heads - 1,
                 max_entries=model.config.draft_datastore_size, min_count=config.datastore_min_count))
 
-    peft_model = get_peft_model(model, lora_config_for(model, config.lora_rank))
+    if init_dir is not None:
+        peft_model = start_from_trained_heads(model, init_dir)
+    else:
+        peft_model = get_peft_model(model, lora_config)
     on_cuda = model.device.type == "cuda"  # train where the caller put the model (and where the features are)
     args = TrainingArguments(
         output_dir=str(output_dir),
