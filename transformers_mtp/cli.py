@@ -396,8 +396,8 @@ def build_parser():
                            epilog="examples:\n  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2\n"
                                   "  transformers-mtp train --preset smollm2-135m --output-dir runs/smollm2 --resume\n"
                                   "  transformers-mtp train --preset smollm2-135m-gpu --output-dir runs/smollm2-gpu\n"
-                                  "  transformers-mtp train --preset smollm2-135m-gpu --init-heads default "
-                                  "--data my.jsonl --output-dir runs/mine",
+                                  "  transformers-mtp train --preset smollm2-135m-gpu-tuned-real "
+                                  "--output-dir runs/gpu-tuned-real   # starts from the shipped heads",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--preset", default="smollm2-135m", help="YAML preset with a train: section")
     train.add_argument("--output-dir", required=True)
