@@ -51,11 +51,11 @@ def save_head_settings(model, folder):
                   str(Path(folder) / DRAFT_DATASTORE_FILE))
 
 
-def _set_draft_tables(model, folder, missing):
-    """Set each draft table the model's config asks for from its file in `folder`; a missing file raises
-    FileNotFoundError(missing(path, what it is))."""
+def _set_draft_tables(model, folder, missing, only=None):
+    """Set each draft table the model's config asks for (of those whose size key is in `only`, if given) from its file
+    in `folder`; a missing file raises FileNotFoundError(missing(path, what it is))."""
     for size_key, name, what, set_table in DRAFT_TABLES:
-        if getattr(model.config, size_key) is None:
+        if getattr(model.config, size_key) is None or (only is not None and size_key not in only):
             continue
         path = Path(folder) / name
         if not path.is_file():
@@ -106,24 +106,17 @@ def check_init_heads(model, folder, lora_config):
     saved_lora = LoraConfig.from_pretrained(str(folder))
     for key in ("r", "lora_alpha", "modules_to_save"):
         theirs, ours = getattr(saved_lora, key), getattr(lora_config, key)
-        if (sorted(theirs) if isinstance(theirs, (list, set)) else theirs) != (
-                sorted(ours) if isinstance(ours, (list, set)) else ours):
+        if key == "modules_to_save":  # a list (in any order) or None
+            theirs, ours = sorted(theirs or []), sorted(ours or [])
+        if theirs != ours:
             raise ValueError(f"init_heads {folder} has LoRA {key}={theirs!r} but this run uses {key}={ours!r}; set "
                              "lora_rank to the rank those heads were trained with, or start from new heads.")
 
 
-def start_from_trained_heads(model, folder):
-    """A trainable PEFT model whose heads start as the adapter in `folder` (checked by `check_init_heads`). The draft
-    tables are not touched (`restore_draft_vocabulary`)."""
-    return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
-
-
 def restore_draft_vocabulary(model, folder):
     """Set the draft vocabulary the heads in `folder` were trained with (they rank exactly these tokens)."""
-    path = Path(folder) / DRAFT_VOCAB_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the heads in {folder} were trained with a draft vocabulary.")
-    model.set_draft_vocabulary(load_file(str(path))["draft_token_ids"])
+    _set_draft_tables(model, folder, lambda path, what: f"{path} is missing: the heads in {folder} were trained with "
+                      f"{what}.", only=("draft_vocab_size",))
 
 
 def lora_config_for(model, rank=None) -> LoraConfig:

@@ -9,7 +9,7 @@ import random
 from functools import partial
 
 import torch
-from peft import get_peft_model
+from peft import PeftModel, get_peft_model
 from transformers import TrainingArguments
 
 from ..draft_datastore import build_draft_datastore
@@ -22,7 +22,6 @@ from .adapters import (
     restore_draft_tables,
     restore_draft_vocabulary,
     save_head_settings,
-    start_from_trained_heads,
 )
 from .checkpoints import (
     check_checkpoint_recipe,
@@ -98,8 +97,8 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
                 usable, vocab_size=model.config.vocab_size, length=model.config.num_heads - 1,
                 max_entries=model.config.draft_datastore_size, min_count=config.datastore_min_count))
 
-    if init_dir is not None:
-        peft_model = start_from_trained_heads(model, init_dir)
+    if init_dir is not None:  # checked above; the draft vocabulary was set from it
+        peft_model = PeftModel.from_pretrained(model, str(init_dir), is_trainable=True)
     else:
         peft_model = get_peft_model(model, lora_config)
     on_cuda = model.device.type == "cuda"  # train where the caller put the model (and where the features are)
