@@ -17,10 +17,16 @@ The bound, per position x [H] and vocabulary row w [H] (u = 2^-8: bfloat16's uni
 So |z - z~| <= eps = c1 |x| |w| + c2 |z~| with c1 = 2u + u^2 + g (1 + (1 + u)^2) and c2 = u / (1 - u), both inflated by
 0.1% for the float32 rounding of the norms. The true argmax v* has z~[v*] + eps[v*] >= z[v*] >= z[u] >= z~[u] - eps[u]
 for every u, so it is among the candidates {v : z~[v] + eps[v] >= max_u (z~[u] - eps[u])}. Where there are several,
-their float32 logits decide (ties to the lowest id, as `torch.argmax`), computed one position at a time as plain
-decoding computes its one new position's: on MKL these are bit for bit the logits plain greedy sees (measured), where
-the float32 unembedding of a whole verify block differs from them in the last bits of 90% of the logits (a 16-row
-product sums in another order). On SmolLM2's text the measured error stays under 15% of eps.
+their float32 logits decide (ties to the lowest id, as `torch.argmax`), in two steps:
+  - the candidates' float32 logits z' alone (a product over their rows only). Any float32 product of a row, the one
+    plain decoding computes included, is within e = g sum |x_i w_i| of the exact dot product, however its kernel
+    orders the sum, so plain decoding's z differs from z' by at most 2e. Where the best candidate wins by more
+    (z'[b] - 2e[b] > z'[u] + 2e[u] for every other u), it is plain decoding's argmax.
+  - otherwise the candidates tie within float32's rounding, and the order of the sums decides: the row's whole
+    float32 unembedding is computed one position at a time, as plain decoding computes its one new position's (the
+    same product, so the same bits; a product over a subset of the rows may sum in another order: on a 2-core Intel
+    Xeon with AMX a 2-row product differed from the 512-row one in the last bit and flipped a near-tie).
+On SmolLM2's text the measured error stays under 15% of eps.
 
 The float32 accumulation is what CPU kernels do (oneDNN's AVX512-BF16 and AMX instructions accumulate in float32);
 cuBLAS may reduce in bfloat16 (`allow_bf16_reduced_precision_reduction`), so the bound is only claimed on CPU.
@@ -35,6 +41,12 @@ from .generation_draft_precision import computes_bfloat16_natively
 
 _U16 = 2.0**-8  # bfloat16 unit roundoff (8 significand bits, round to nearest)
 _U32 = 2.0**-24  # float32 unit roundoff
+
+
+def float32_accumulation_bound(hidden_size):
+    """g of the module docstring: a float32 dot product over `hidden_size` terms, summed in any order, is within
+    g sum |x_i w_i| of the exact one (inflated by 1% for the float32 rounding of sum |x_i w_i| itself)."""
+    return hidden_size * _U32 / (1 - hidden_size * _U32) * 1.01
 
 
 def error_bound_constants(hidden_size):
@@ -79,6 +91,7 @@ class CertifiedArgmax:
             self.low = self.weight.to(torch.bfloat16)
             self.row_norms = self.weight.double().norm(dim=-1).float()  # [V]
         self.c1, self.c2 = error_bound_constants(self.weight.shape[1])
+        self.float32_accumulation = float32_accumulation_bound(self.weight.shape[1])
 
     @classmethod
     def of(cls, model):
@@ -111,7 +124,19 @@ class CertifiedArgmax:
         candidates = low.add_(eps) >= floor  # [N, V]
         choices = candidates.to(torch.uint8).argmax(-1)  # the first candidate: the answer where it is the only one
         for row in (candidates.sum(-1) > 1).nonzero()[:, 0].tolist():
-            ids = candidates[row].nonzero()[:, 0]  # ascending, so ties go to the lowest id, as torch.argmax
-            # one row at a time, as plain decoding unembeds its one new position: the same float32 products
-            choices[row] = ids[torch.nn.functional.linear(x[row : row + 1], self.weight[ids]).argmax(-1)]
+            choices[row] = self._decide(x[row : row + 1], candidates[row].nonzero()[:, 0])
         return choices.reshape(shape)
+
+    def _decide(self, state, ids):
+        """The float32 argmax of one position `state` [1, H] among the candidate token `ids` [k] (ascending)."""
+        logits = torch.nn.functional.linear(state, self.weight[ids])[0]  # [k]
+        # e = g sum |x_i w_i|: how far any float32 product of a row may be from the exact dot product
+        sum_abs = torch.nn.functional.linear(state.abs(), self.weight[ids].abs())[0]
+        error = sum_abs.mul_(2 * self.float32_accumulation)  # two products: this one and plain decoding's
+        best = int(logits.argmax())  # ties to the lowest id, as torch.argmax
+        others = torch.ones_like(logits, dtype=torch.bool)
+        others[best] = False
+        if bool((logits[best] - error[best] > logits[others] + error[others]).all()):
+            return ids[best]
+        # a tie within float32's rounding: sum as plain decoding does, over the whole vocabulary for this position
+        return torch.nn.functional.linear(state, self.weight).argmax(-1)[0]
