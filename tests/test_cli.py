@@ -127,3 +127,27 @@ def test_dtype_choices_are_checked_and_reported(capsys):
     dtype, _ = resolve_dtype_argument("float32")
     assert dtype == torch.float32
     assert "dtype: float32 (as asked). Guarantee: float32: token for token" in capsys.readouterr().out
+
+
+def test_train_answers_only_writes_the_answer_cache_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    """--answers-only: the preset's answers go to its data_cache (here written by a faked generate()) and no
+    training starts; a preset without a data_cache is refused before any work, as is train without --output-dir."""
+    import transformers_mtp
+    from transformers_mtp.training import sequences as sequences_module
+
+    monkeypatch.setattr(transformers_mtp, "load_default_base", lambda: (tiny_base("llama"), None))
+    monkeypatch.setattr(sequences_module, "self_distill", lambda model, tokenizer, prompts, **kwargs: [
+        {"input_ids": [3, 4, 5, 6, 7], "prompt_length": 2} for _ in prompts])
+    monkeypatch.setattr("transformers_mtp.training.train_heads", lambda *a, **k: pytest.fail("training started"))
+    cache = tmp_path / "answers.jsonl"
+    preset = tmp_path / "p.yaml"
+    preset.write_text(yaml.safe_dump({"base": "default", "num_heads": 2, "train": {
+        "data": "builtin", "num_prompts": 5, "data_cache": str(cache)}}))
+    assert main(["train", "--preset", str(preset), "--answers-only"]) == 0
+    assert "5 answers (15 answer tokens) in" in capsys.readouterr().out
+    assert len(cache.read_text().splitlines()) == 5
+    preset.write_text(yaml.safe_dump({"base": "default", "num_heads": 2, "train": {"num_prompts": 5}}))
+    assert main(["train", "--preset", str(preset), "--answers-only"]) == 2
+    assert "sets none; add `data_cache: outputs/answers.jsonl`" in capsys.readouterr().err
+    assert main(["train", "--preset", str(preset)]) == 2
+    assert "train needs --output-dir" in capsys.readouterr().err

@@ -256,6 +256,40 @@ def test_answers_can_be_written_in_bfloat16_and_say_so_in_the_cache(tmp_path, mo
         training_sequences(base, None, dict(settings, distill_dtype="bf16"))
 
 
+def test_answers_written_by_vllm_say_so_in_the_cache_and_resume_per_chunk(tmp_path, monkeypatch):
+    """distill_engine: vllm goes through VLLMDistiller (faked here; tests/test_vllm_distill.py runs the real engine):
+    its cache lines say engine vllm and are never reused by the other engine (nor the other way round); sampled
+    answers come a chunk per worker call, each seeded by its prompt's place, so an interrupted round resumes."""
+    from transformers_mtp.training import sequences as sequences_module
+    from transformers_mtp.training import training_sequences
+
+    calls = []
+
+    class FakeVLLMDistiller:
+        def __init__(self, model, tokenizer, *, dtype):
+            self.dtype = dtype
+
+        def __call__(self, prompts, *, temperature=None, seed=0, **kwargs):
+            calls.append((len(prompts), temperature, seed, self.dtype))
+            return [{"input_ids": [3, 4, 5, 6, 7, 8], "prompt_length": 2} for _ in prompts]
+
+    monkeypatch.setattr(sequences_module, "VLLMDistiller", FakeVLLMDistiller)
+    monkeypatch.setattr(sequences_module, "self_distill", lambda *a, **k: pytest.fail("generate() was asked"))
+    cache = tmp_path / "distill.jsonl"
+    settings = {"data": "builtin", "data_cache": str(cache), "num_prompts": 70, "distill_engine": "vllm",
+                "distill_batch_size": 64, "sampled_per_prompt": 1, "sample_temperature": 0.7, "seed": 2}
+    sequences = training_sequences(None, None, settings)
+    assert len(sequences) == 140 and all(s["engine"] == "vllm" for s in sequences)
+    # greedy: chunks of 64 (distill_batch_size) and 6; sampled round 0: the same, seeded at 2000 + the chunk's start
+    assert calls == [(64, None, 0, torch.float32), (6, None, 0, torch.float32),
+                     (64, 0.7, 2000, torch.float32), (6, 0.7, 2064, torch.float32)]
+    assert len(training_sequences(None, None, settings)) == 140 and len(calls) == 4  # all reused
+    with pytest.raises(ValueError, match=r"distill.jsonl:1 holds the response to .*'engine': 'vllm'"):
+        training_sequences(None, None, {k: v for k, v in settings.items() if k != "distill_engine"})
+    with pytest.raises(ValueError, match="distill_engine='sglang' is not an engine; use one of"):
+        training_sequences(None, None, dict(settings, distill_engine="sglang"))
+
+
 def test_sampled_self_distillation_appends_rounds_and_checks_settings(tmp_path, monkeypatch):
     from transformers_mtp.training import sequences as sequences_module
     from transformers_mtp.training import training_sequences

