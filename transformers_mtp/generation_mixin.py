@@ -59,7 +59,7 @@ class MultiTokenGenerationMixin:
         - `onednn_verify` (defaults to `generation_config.onednn_verify`, else "auto"): a float32 model's trunk passes
           over several tokens (the prompt, each verify block) compute their matrix products with oneDNN instead of
           torch's default CPU kernel (MKL), which is half as fast for a few rows on some CPUs; both are float32 and
-          the output is still greedy's. "auto": on x86 CPUs with AVX-512; True / False to force it.
+          the output is still greedy's. "auto": on x86 CPUs with AVX2 or AVX-512; True / False to force it.
         - Beam search (`num_beams > 1`) raises: the heads draft one continuation, not a beam.
 
         With `return_dict_in_generate=True` the output carries `multi_token_stats` (forward passes, tokens per

@@ -71,9 +71,17 @@ def onednn_verify_unsupported(model):
     return onednn_linear_unavailable()
 
 
+# x86 vector extensions on which oneDNN's float32 products were measured faster than MKL's for a verify pass's few
+# rows (benchmarks/README.md, "oneDNN for float32 verify passes"): AVX-512 (the AVX512-BF16 AMD EPYC, 2026-12-03) and
+# AVX2 without AVX-512 (a Zen 2 AMD EPYC, 2026-12-06: the unembedding over 9 rows 23.5 against 8.9 ms)
+ONEDNN_MEASURED_CPU_FLAGS = ("avx512f", "avx2")
+
+
 def auto_onednn_verify(model):
-    """onednn_verify="auto": on for a float32 CPU model on an x86 CPU with AVX-512, where it was measured faster."""
-    return onednn_verify_unsupported(model) is None and "avx512f" in cpu_flags()
+    """onednn_verify="auto": on for a float32 CPU model on an x86 CPU with AVX2 or AVX-512, where it was measured
+    faster."""
+    flags = cpu_flags()
+    return onednn_verify_unsupported(model) is None and any(flag in flags for flag in ONEDNN_MEASURED_CPU_FLAGS)
 
 
 class OneDNNLinear:

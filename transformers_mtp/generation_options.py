@@ -150,7 +150,7 @@ def resolve_onednn_verify(model, value, generation_config=None):
     return _resolve_auto_flag(
         model, "onednn_verify", value, generation_config, auto_onednn_verify, onednn_verify_unsupported,
         "whether float32 trunk passes over several tokens use oneDNN's matrix products ('auto': on x86 CPUs with "
-        "AVX-512, where they were measured faster).")
+        "AVX2 or AVX-512, where they were measured faster).")
 
 
 def _resolve_auto_flag(model, name, value, generation_config, auto, unsupported, meaning):
