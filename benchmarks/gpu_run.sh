@@ -17,6 +17,20 @@ RUN=${RUN:-outputs/gpu-run}
 if [ -n "${PROMPTS:-}" ]; then
   mkdir -p "$RUN" && sed "s|^  data: .*|  data: $PROMPTS|" "$PRESET" > "$RUN/preset.yaml" && PRESET=$RUN/preset.yaml
 fi
+# A preset whose answers come from vLLM (distill_engine: vllm) needs its answer cache carried: the GPU machine has no
+# vLLM. Without the cache, its answers are written here by generate() instead, in GPU-sized batches and into a cache
+# of their own (a cache written by one engine is never reused by the other).
+generate_answers_here() {  # generate_answers_here PRESET_IN PRESET_OUT
+  local cache
+  cache=$(python3 -c "import yaml,sys; t=yaml.safe_load(open('$1'))['train']; print(t['data_cache'] if t.get('distill_engine') == 'vllm' else '')")
+  if [ -n "$cache" ] && [ ! -f "$cache" ]; then
+    echo "no vLLM answer cache $cache carried: the answers are written here by generate()"
+    sed -e '/^  distill_engine: /d' -e '/^  distill_dtype: /d' -e 's|^  distill_batch_size: .*|  distill_batch_size: 384|' \
+        -e "s|^  data_cache: .*|  data_cache: ${cache%.jsonl}-generate.jsonl|" "$1" > "$2"
+  elif [ "$1" != "$2" ]; then
+    cp "$1" "$2"
+  fi
+}
 export PYTHONUNBUFFERED=1 TRANSFORMERS_MTP_DEBUG=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$RUN"
 stamp() { echo "=== $(date +%T) $*"; }
@@ -26,6 +40,8 @@ pack() {  # pack FILE.tar.gz PATHS...: whatever of PATHS exists
   [ ${#present[@]} -gt 0 ] && tar czf "$OUT/$name" "${present[@]}" && ls -la "$OUT/$name"
 }
 
+mkdir -p "$RUN"
+generate_answers_here "$PRESET" "$RUN/answers-preset.yaml" && PRESET=$RUN/answers-preset.yaml
 stamp environment
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__,
 'peft', peft.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
@@ -41,6 +57,7 @@ pack corpus.tar.gz "$cache" "${cache%.jsonl}.sampled.jsonl"
 if [ -n "${CHAINED_PRESET:-}" ]; then  # a chained drafter on the same answers (the preset names the same data_cache)
   chained=$CHAINED_PRESET
   [ -n "${PROMPTS:-}" ] && sed "s|^  data: .*|  data: $PROMPTS|" "$CHAINED_PRESET" > "$RUN/chained.yaml" && chained=$RUN/chained.yaml
+  generate_answers_here "$chained" "$RUN/chained-answers.yaml" && chained=$RUN/chained-answers.yaml
   stamp "train the chained drafter (${CHAINED_S:-150} s)"
   rm -rf "$RUN/chained"
   timeout "${CHAINED_S:-150}" python3 -m transformers_mtp train --preset "$chained" --output-dir "$RUN/chained" \
