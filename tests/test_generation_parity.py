@@ -2,7 +2,8 @@
 returns, for every head design x {llama, gpt2, mistral, qwen2, qwen3} x {batch 1, left-padded batches of 2, 3, 4} x every generate() option
 that applies to greedy decoding of a decoder-only model (each logits processor generate() builds from a
 GenerationConfig option, a user logits processor list, stop strings, EOS lists, the static cache, continuing from a
-returned cache, scores / logits, streamers, short and long max_new_tokens).
+returned cache, scores / logits, streamers, short and long max_new_tokens). The logits processors run every head
+design on Llama and GPT-2 and the architecture-dependent designs on the others (`processor_cases`).
 
 Two model families per head design:
 - "echo": a base model whose greedy continuation mostly repeats its last token (residual branches of every layer
@@ -21,7 +22,7 @@ import functools
 
 import pytest
 import torch
-from conftest import ALL_ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, tiny_base, tiny_mtp
+from conftest import ALL_ARCHS, ARCHS, HEAD_IDS, HEAD_SETUPS, VOCAB, tiny_base, tiny_mtp
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -296,10 +297,22 @@ def one_thread():
 cases = pytest.mark.parametrize(
     "family,arch,head_id", [(f, a, h) for f in FAMILIES for a in ALL_ARCHS for h in HEAD_IDS],
 )
+# The logits-processor matrix, the dearest test here (about 7 s a cell on one core: 13 settings x 4 batches x 2
+# generates), runs every head design on the generic architectures and, on the Llama-shaped ones, the designs whose
+# code depends on the architecture: the shipped design (its heads copy the last layer, with the architecture's norms,
+# rotary and windows) and the chained drafter's own layer, plus the linear head as a control. How a processor is
+# applied is the decode loop's, the same for every architecture; the cache, stop-string, scores and max_new_tokens
+# tests below keep the whole matrix.
+PROCESSOR_HEADS_BEYOND_GENERIC = ("linear", "qext-token", "chained")
+processor_cases = pytest.mark.parametrize(
+    "family,arch,head_id",
+    [(f, a, h) for f in FAMILIES for a in ALL_ARCHS for h in HEAD_IDS
+     if a in ARCHS or h in PROCESSOR_HEADS_BEYOND_GENERIC],
+)
 
 
 # --- the matrix ----------------------------------------------------------------------------------------------------
-@cases
+@processor_cases
 def test_logits_processors(family, arch, head_id):
     model = model_for(family, arch, head_id)
     failures = Failures(family, arch, head_id)
