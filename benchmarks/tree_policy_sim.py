@@ -20,6 +20,7 @@ prompts themselves, reported apart.
 """
 
 import argparse
+import bisect
 import itertools
 import json
 import statistics
@@ -38,7 +39,11 @@ from transformers_mtp.training.real_prompts import (
 )
 
 TOP = 8  # candidates kept per head and position (the largest branching simulated)
-BINS = torch.tensor([0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01])
+BINS = [0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01]  # probability bins of the calibration
+
+
+def _bin(prob):
+    return bisect.bisect_right(BINS, prob) - 1
 
 
 def tuning_prompts(num_chat, num_code, max_chars, skip):
@@ -56,8 +61,7 @@ def candidates(model, tokenizer, prompt, max_new_tokens):
     ids = chat_input_ids(tokenizer, prompt)
     text = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
     out = model(text, output_head_logits=True)
-    weight, draft_ids = model.draft_unembedding()
-    del weight
+    _, draft_ids = model.draft_unembedding()
     head_logits = out.head_logits[0]  # [T, D, V]
     if draft_ids is not None:
         head_logits = head_logits[..., draft_ids]
@@ -95,9 +99,8 @@ def calibration(rows):
             if j and truth[j - 1] not in tokens[j - 1]:
                 break  # the ancestor path is not in any tree: this head's candidates are never verified there
             for token, prob in zip(tokens[j], probs[j]):
-                b = int(torch.bucketize(torch.tensor(prob), BINS, right=True)) - 1
-                counts[j, b] += 1
-                hits[j, b] += token == truth[j]
+                counts[j, _bin(prob)] += 1
+                hits[j, _bin(prob)] += token == truth[j]
     return (hits / counts).tolist()
 
 
@@ -121,8 +124,7 @@ def score(rows, *, size, branching, power=1.0, table=None, oracle=False):
         tokens = [t[:branching] for t in tokens]
         probs = [p[:branching] for p in probs]
         if table is not None:
-            probs = [[table[j][int(torch.bucketize(torch.tensor(p), BINS, right=True)) - 1] for p in ps]
-                     for j, ps in enumerate(probs)]
+            probs = [[table[j][_bin(p)] for p in ps] for j, ps in enumerate(probs)]
         elif power != 1.0:
             probs = [probs[0]] + [[p**power for p in ps] for ps in probs[1:]]
         tree = grow_draft_tree(DraftTree.rooted_at(0), tokens, probs, size=size)
@@ -186,7 +188,7 @@ def main():
     # each tuning prompt is scored with the other half's table; the benchmark prompts with all tuning prompts'
     whole = calibration(halves[0] + halves[1])
     tables = {"tuning": [calibration(halves[1]), calibration(halves[0])], "benchmark": [whole, whole]}
-    report = {"settings": vars(args), "calibration (tuning prompts)": whole, "bins": BINS.tolist(),
+    report = {"settings": vars(args), "calibration (tuning prompts)": whole, "bins": BINS,
               "tokens per pass": evaluate(groups, args.size, tables)}
     if args.output:
         with open(args.output, "w") as f:

@@ -32,6 +32,7 @@ from unittest import mock
 import pytest
 import torch
 import transformers_suite
+from conftest import ARCHS  # the generic architectures: llama, gpt2
 from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -284,7 +285,6 @@ def _suite(name, arch_fields, config_extra, extra_inputs):
 # other designs' modules are the same on every architecture. The whole product (90 classes, 17,072 tests) took 3.8
 # minutes of this file on 2 cores, this selection (50 classes, 9,747 tests) 2.3 (a 2-core AMD EPYC, 2026-12-06), for
 # a CI that had reached 35 minutes.
-GENERIC_ARCHES = ("llama", "gpt2")
 DESIGNS_BEYOND_GENERIC = ("Linear", "QueryExtensionToken", "Chained")
 
 # LlamaLinearTest, LlamaLinearHeadPathTest, ..., Qwen3QueryExtensionTokenHeadPathTest
@@ -292,7 +292,7 @@ for _arch_name, _arch in ARCHES.items():
     for _design, _config_extra in HEAD_DESIGNS.items():
         if _config_extra["head_type"] == "chained" and _arch["arch"] not in CHAINED_ARCHES:
             continue
-        if _arch["arch"] not in GENERIC_ARCHES and _design not in DESIGNS_BEYOND_GENERIC:
+        if _arch["arch"] not in ARCHS and _design not in DESIGNS_BEYOND_GENERIC:
             continue
         for _path, _inputs in (("", {}), ("HeadPath", HEAD_PATH_INPUTS)):
             _name = f"{_arch_name}{_design}{_path}Test"
