@@ -34,10 +34,17 @@ generate_answers_here() {  # generate_answers_here PRESET_IN PRESET_OUT
 export PYTHONUNBUFFERED=1 TRANSFORMERS_MTP_DEBUG=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$RUN"
 stamp() { echo "=== $(date +%T) $*"; }
+# The device tool returns at most 8 files from $OUT, 16 MiB each: this script writes 8 (train.log, heads, corpus,
+# chained.log, chained, bench, step_profile.json, control), and packs adapters, never checkpoints (a checkpoint's
+# optimizer state made a pack of 33 MB in a CPU dry run; the --time-limit of each training stage makes sure its
+# adapter is written).
 pack() {  # pack FILE.tar.gz PATHS...: whatever of PATHS exists
   local name=$1; shift
   local present=(); for p in "$@"; do [ -e "$p" ] && present+=("$p"); done
   [ ${#present[@]} -gt 0 ] && tar czf "$OUT/$name" "${present[@]}" && ls -la "$OUT/$name"
+  if [ -f "$OUT/$name" ] && [ "$(stat -c %s "$OUT/$name")" -gt $((16 * 1024 * 1024)) ]; then
+    echo "WARNING: $OUT/$name is over 16 MiB: the device tool will not return it"
+  fi
 }
 
 mkdir -p "$RUN"
@@ -46,12 +53,20 @@ stamp environment
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__,
 'peft', peft.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 
+# train_for SECONDS ARGS...: a training stage of SECONDS in all. Its steps stop 30 s before the end (--time-limit,
+# answers and features included) and the run then evaluates and saves its heads as a finished one does; the hard
+# timeout only acts if that end takes more than a minute.
+train_for() {
+  local seconds=$1; shift
+  timeout "$((seconds + 30))" python3 -m transformers_mtp train --time-limit "$((seconds - 30))" "$@"
+}
+
 stamp "train (${TRAIN_S:-330} s)"
 rm -rf "$RUN/heads"
-timeout "${TRAIN_S:-330}" python3 -m transformers_mtp train --preset "$PRESET" --output-dir "$RUN/heads" \
+train_for "${TRAIN_S:-330}" --preset "$PRESET" --output-dir "$RUN/heads" \
   --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$OUT/train.log" | tail -40
 cache=$(python3 -c "import yaml,sys; print(yaml.safe_load(open('$PRESET'))['train']['data_cache'])")
-pack heads.tar.gz "$RUN/heads/adapter" "$RUN/heads/trainer_state.json"
+pack heads.tar.gz "$RUN/heads/adapter"
 pack corpus.tar.gz "$cache" "${cache%.jsonl}.sampled.jsonl"
 
 if [ -n "${CHAINED_PRESET:-}" ]; then  # a chained drafter on the same answers (the preset names the same data_cache)
@@ -60,10 +75,9 @@ if [ -n "${CHAINED_PRESET:-}" ]; then  # a chained drafter on the same answers (
   generate_answers_here "$chained" "$RUN/chained-answers.yaml" && chained=$RUN/chained-answers.yaml
   stamp "train the chained drafter (${CHAINED_S:-150} s)"
   rm -rf "$RUN/chained"
-  timeout "${CHAINED_S:-150}" python3 -m transformers_mtp train --preset "$chained" --output-dir "$RUN/chained" \
+  train_for "${CHAINED_S:-150}" --preset "$chained" --output-dir "$RUN/chained" \
     --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$OUT/chained.log" | tail -20
-  pack chained.tar.gz "$RUN/chained/adapter" "$RUN/chained/trainer_state.json" \
-    "$(ls -d "$RUN"/chained/checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1)"
+  pack chained.tar.gz "$RUN/chained/adapter"
 fi
 
 stamp "bench on $DEVICE (${BENCH_S:-150} s)"
@@ -83,7 +97,7 @@ timeout "${PROFILE_S:-120}" python3 benchmarks/step_profile.py --device "$DEVICE
 stamp "control: greedy responses only (${CONTROL_S:-150} s)"
 sed 's/^  sampled_per_prompt: .*/  sampled_per_prompt: 0/' "$PRESET" > "$RUN/greedy-only.yaml"
 rm -rf "$RUN/greedy-only"
-timeout "${CONTROL_S:-150}" python3 -m transformers_mtp train --preset "$RUN/greedy-only.yaml" \
-  --output-dir "$RUN/greedy-only" --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$OUT/control.log" | tail -15
-pack control.tar.gz "$RUN/greedy-only/adapter" "$RUN/greedy-only/trainer_state.json"
+train_for "${CONTROL_S:-150}" --preset "$RUN/greedy-only.yaml" \
+  --output-dir "$RUN/greedy-only" --device "$DEVICE" 2>&1 | grep -v "it/s\]$" | tee "$RUN/control.log" | tail -15
+pack control.tar.gz "$RUN/greedy-only/adapter" "$RUN/control.log"
 stamp done

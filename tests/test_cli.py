@@ -114,6 +114,41 @@ def test_train_refuses_several_processes_before_any_work(tmp_path, capsys, monke
     assert not (tmp_path / "run").exists()
 
 
+def test_train_time_limit_becomes_the_training_deadline_and_is_checked(tmp_path, capsys, monkeypatch):
+    """--time-limit S: training steps stop S seconds after the command started (the config's deadline); a limit that
+    is not a positive number of seconds is refused before any work."""
+    import time
+
+    import transformers_mtp
+    from transformers_mtp.training import sequences as sequences_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(transformers_mtp, "load_default_base", never)
+    for bad in ("0", "-5"):
+        assert main(["train", "--output-dir", str(tmp_path / "run"), "--time-limit", bad]) == 2
+        assert f"--time-limit {float(bad)} is not a positive number of seconds" in capsys.readouterr().err
+    monkeypatch.setattr(transformers_mtp, "load_default_base", lambda: (tiny_base("llama"), None))
+    monkeypatch.setattr(sequences_module, "self_distill", lambda model, tokenizer, prompts, **kwargs: [
+        {"input_ids": [3, 4, 5, 6, 7], "prompt_length": 2} for _ in prompts])
+    seen = {}
+
+    def fake_train(model, sequences, config, **kwargs):
+        seen["deadline"] = config.deadline
+        return None, {}
+
+    monkeypatch.setattr("transformers_mtp.training.train_heads", fake_train)
+    preset = tmp_path / "p.yaml"
+    preset.write_text(yaml.safe_dump({"base": "default", "num_heads": 2, "train": {"data": "builtin",
+                                                                                    "num_prompts": 3}}))
+    before = time.time()
+    assert main(["train", "--preset", str(preset), "--output-dir", str(tmp_path / "run"), "--time-limit", "90"]) == 0
+    assert before + 90 <= seen["deadline"] <= time.time() + 90
+    assert main(["train", "--preset", str(preset), "--output-dir", str(tmp_path / "run2")]) == 0
+    assert seen["deadline"] is None
+
+
 def test_dtype_choices_are_checked_and_reported(capsys):
     import torch
 

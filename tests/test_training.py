@@ -132,6 +132,31 @@ def test_resumed_training_reaches_the_same_result(arch, tmp_path, monkeypatch):
         assert torch.allclose(uninterrupted[name], resumed[name], atol=1e-6), name
 
 
+def test_a_deadline_stops_training_with_a_checkpoint_and_resume_finishes_it(tmp_path):
+    """A `deadline` already past stops training after its first step: the run still saves that step as a checkpoint
+    and ends as a finished one does (adapter and merged model), and a resumed run without the deadline (not part of
+    the recipe) finishes the steps left, to the same heads as a run never stopped."""
+    import time
+
+    def run(folder, **kwargs):
+        model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type="resblock")
+        config = HeadTrainingConfig(output_dir=str(folder), max_steps=6, save_steps=100, eval_steps=100,
+                                    per_device_train_batch_size=4, **kwargs)
+        merged, _ = train_heads(model, greedy_sequences(model, count=20), config, progress=False)
+        return {k: v for k, v in merged.state_dict().items() if k.startswith("mtp_heads.")}
+
+    uninterrupted = run(tmp_path / "a")
+    stopped = run(tmp_path / "b", deadline=time.time() - 1)
+    assert [p.name for p in (tmp_path / "b").glob("checkpoint-*")] == ["checkpoint-1"]
+    assert (tmp_path / "b" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "b" / "merged" / "config.json").is_file()
+    assert any(not torch.equal(stopped[k], uninterrupted[k]) for k in stopped)  # one step is not six
+    resumed = run(tmp_path / "b", resume=True)
+    assert json.loads((tmp_path / "b" / "checkpoint-6" / "trainer_state.json").read_text())["global_step"] == 6
+    for name in uninterrupted:
+        assert torch.allclose(uninterrupted[name], resumed[name], atol=1e-6), name
+
+
 def test_bad_training_input_raises_clearly(tmp_path):
     model = transformers_mtp.convert(tiny_base("llama"), num_heads=4)
     config = HeadTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=2)

@@ -121,6 +121,10 @@ def cmd_train(args):
     from transformers_mtp.training import HeadTrainingConfig, check_single_process, train_heads, training_sequences
 
     check_single_process()  # before hours of self-distillation, not after
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise ValueError(f"--time-limit {args.time_limit} is not a positive number of seconds; give the seconds the "
+                         "run may take before it stops training and saves (e.g. --time-limit 3600), or leave it out.")
+    deadline = time.time() + args.time_limit if args.time_limit is not None else None
     preset = load_preset(args.preset)
     settings = dict(preset.get("train") or {})
     for key in ("max_steps", "num_train_epochs", "learning_rate", "data", "init_heads"):
@@ -156,7 +160,7 @@ def cmd_train(args):
               f"{(time.perf_counter() - start) / 60:.1f} min; train from them with the same preset and --output-dir.")
         return
     config = HeadTrainingConfig(output_dir=args.output_dir, overwrite=args.overwrite, resume=args.resume,
-                                **{k: v for k, v in settings.items() if k not in TRAIN_DATA_KEYS})
+                                deadline=deadline, **{k: v for k, v in settings.items() if k not in TRAIN_DATA_KEYS})
     _, metrics = train_heads(model, sequences, config, tokenizer=tokenizer)
     minutes = (time.perf_counter() - start) / 60
     agreement = " / ".join(f"{metrics[k]:.3f}" for k in sorted(metrics) if k.startswith("eval_agree_head"))
@@ -425,6 +429,10 @@ def build_parser():
     train.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible, else cpu)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     train.add_argument("--overwrite", action="store_true", help="start over in a non-empty --output-dir")
+    train.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                       help="start no training step later than this many seconds after the command started (answers "
+                            "and features count); the run then saves a checkpoint and ends as usual (evaluation, "
+                            "adapter, merged model), and --resume finishes it later")
     train.set_defaults(func=cmd_train)
 
     push = sub.add_parser("push", help="upload a saved multi-token model and its card to the Hugging Face Hub",

@@ -30,6 +30,9 @@ class HeadTrainingConfig:
             divergence from its distribution over the drafting vocabulary (soft targets; see `features_loss`).
         overwrite (`bool`, defaults to False): replace a non-empty `output_dir` that holds no checkpoint to resume.
         resume (`bool`, defaults to False): continue from the latest checkpoint in `output_dir`.
+        deadline (`float`, *optional*): a `time.time()` value after which no further training step starts: the
+            run then ends as a finished one does (final evaluation, `adapter/`, `merged/`) after saving a checkpoint
+            that `resume` continues. Not part of the recipe a resumed run must match.
         init_heads (`str`, *optional*): start from trained heads instead of new ones: a head adapter folder
             (`OUTPUT_DIR/adapter` of an earlier run) or the name of a shipped head set ("default", "chained"). Its
             LoRA weights, fully trained modules and draft vocabulary are the starting point; its head settings must
@@ -57,6 +60,7 @@ class HeadTrainingConfig:
     overwrite: bool = False
     resume: bool = False
     init_heads: str | None = None
+    deadline: float | None = None
 
     def __post_init__(self):
         if self.head_loss not in HEAD_LOSSES:

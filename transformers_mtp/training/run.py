@@ -31,7 +31,7 @@ from .checkpoints import (
 )
 from .config import HeadTrainingConfig
 from .data import cache_trunk_features, check_sequences, collate_features
-from .trainer import AgreementInProgressBar, HeadsTrainer, ListDataset
+from .trainer import AgreementInProgressBar, HeadsTrainer, ListDataset, StopAtDeadline
 
 
 def check_single_process():
@@ -134,6 +134,8 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
                            eval_dataset=ListDataset(eval_features) if eval_features else None,
                            data_collator=collate_features)
     trainer.add_callback(AgreementInProgressBar(trainer))
+    if config.deadline is not None:
+        trainer.add_callback(StopAtDeadline(config.deadline))
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     metrics = trainer.evaluate() if eval_features else {}
 

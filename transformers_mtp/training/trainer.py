@@ -3,9 +3,11 @@
 computes it, evaluates per-head top-1 agreement and writes checkpoints atomically (`HeadsTrainer`), and the progress
 bar callback that shows them."""
 
+import logging
 import os
 import shutil
 import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
@@ -184,6 +186,28 @@ class AgreementInProgressBar(TrainerCallback):
         if bar is not None and logs and "loss" in logs:
             agree = "/".join(f"{logs[k]:.2f}" for k in sorted(logs) if k.startswith("agree_head"))
             bar.set_postfix(loss=f"{logs['loss']:.3f}", agree=agree)
+
+
+class StopAtDeadline(TrainerCallback):
+    """
+    Ends training after the first optimizer step that finishes past `deadline` (a `time.time()` value), with a
+    checkpoint, so the run's normal end follows (final evaluation, adapter and merged model) and `resume=True` can
+    finish the remaining steps later. transformers' `TrainingArguments` bound a run by steps or epochs only, not by
+    wall-clock time; a lent GPU or a session that ends at a fixed time needs the latter.
+    """
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.stopped_at_step = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.time() >= self.deadline and state.global_step < state.max_steps:
+            control.should_training_stop = True
+            control.should_save = True
+            self.stopped_at_step = state.global_step
+            logging.getLogger(__name__).warning(
+                "Time limit reached: training stops at step %d of %d (saved as a checkpoint; resume=True continues "
+                "it).", state.global_step, state.max_steps)
 
 
 class ListDataset(torch.utils.data.Dataset):
