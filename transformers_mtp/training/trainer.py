@@ -198,13 +198,11 @@ class StopAtDeadline(TrainerCallback):
 
     def __init__(self, deadline):
         self.deadline = deadline
-        self.stopped_at_step = None
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.time() >= self.deadline and state.global_step < state.max_steps:
             control.should_training_stop = True
             control.should_save = True
-            self.stopped_at_step = state.global_step
             logging.getLogger(__name__).warning(
                 "Time limit reached: training stops at step %d of %d (saved as a checkpoint; resume=True continues "
                 "it).", state.global_step, state.max_steps)
