@@ -216,3 +216,78 @@ def test_shipped_chained_drafter_keeps_greedy_output_and_drafts_useful_tokens(de
         new += chain.multi_token_stats.new_tokens
         passes += chain.multi_token_stats.forward_passes
     assert new / passes > 1.3, new / passes
+
+
+# --- the dequantized copy cached by the first load (transformers_mtp.default_model.load_default_base) ---------------
+def test_the_cached_default_model_is_the_gguf_model(tmp_path, monkeypatch):
+    """The first load writes the cache; a load from it has the GGUF-loaded model's weights (the embeddings still
+    tied), config, generation config and tokenizer, and computes its logits bit for bit, one-token steps included
+    (the weights are re-allocated: as safetensors leaves them, 8-byte aligned, one-token products differ by ~1e-5)."""
+    from transformers import AutoTokenizer
+
+    from transformers_mtp.conversion import load_base_model
+    from transformers_mtp.default_model import (
+        default_gguf_path,
+        default_model_cache_dir,
+    )
+
+    monkeypatch.setenv("TRANSFORMERS_MTP_CACHE", str(tmp_path / "cache"))
+    path = default_gguf_path()
+    direct = load_base_model(path).eval()
+    direct_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert not default_model_cache_dir().exists()
+    first, _ = transformers_mtp.load_default_base()  # reads the GGUF file, caches it, returns the cached copy
+    assert (default_model_cache_dir() / "model.safetensors").is_file()
+    cached, tokenizer = transformers_mtp.load_default_base()
+    for model in (first, cached):
+        model.eval()
+        # save_pretrained records the class in `architectures` (the GGUF load leaves it unset; convert() drops it)
+        assert {**model.config.to_dict(), "architectures": None} == direct.config.to_dict()
+        assert model.generation_config.to_dict() == direct.generation_config.to_dict()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        want = direct.state_dict()
+        assert all(torch.equal(tensor, want[name]) for name, tensor in model.state_dict().items())
+        with torch.no_grad():
+            for ids in (torch.tensor([[28120]]), chat_ids(tokenizer, CHATS[1])):
+                assert torch.equal(model(ids).logits, direct(ids).logits)
+    ids = chat_ids(tokenizer, CHATS[2])
+    assert torch.equal(cached.generate(ids, max_new_tokens=24, do_sample=False),
+                       direct.generate(ids, max_new_tokens=24, do_sample=False))
+    texts = ["def f(x):\n    return x ** 2  # ünïcode ✓", "  spaces\tand\n\nlines", "<|im_start|>user\nhi<|im_end|>"]
+    assert [tokenizer(t).input_ids for t in texts] == [direct_tokenizer(t).input_ids for t in texts]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": CHATS[0]}]
+    assert (tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            == direct_tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    assert tokenizer.get_vocab() == direct_tokenizer.get_vocab()
+    assert tokenizer.special_tokens_map == direct_tokenizer.special_tokens_map
+    bf16, _ = transformers_mtp.load_default_base(dtype="bfloat16")
+    assert all(tensor.dtype == torch.bfloat16 and torch.equal(tensor, want[name].to(torch.bfloat16))
+               for name, tensor in bf16.state_dict().items())
+
+
+def test_a_cache_that_cannot_be_written_warns_and_still_loads(tmp_path, monkeypatch):
+    import transformers
+    from conftest import tiny_base
+
+    import transformers_mtp.conversion
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TRANSFORMERS_MTP_CACHE", str(blocker))
+    tiny = tiny_base("llama")  # stands in for the 20-50 s GGUF read: this test is about where the copy goes
+    monkeypatch.setattr(transformers_mtp.conversion, "load_base_model", lambda path, dtype: tiny)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: "the tokenizer")
+    with pytest.warns(UserWarning, match="Could not cache the dequantized default model in .*a-file.*TRANSFORMERS_MTP_CACHE"):
+        model, tokenizer = transformers_mtp.load_default_base()
+    assert model is tiny and tokenizer == "the tokenizer"
+
+
+def test_a_broken_cached_copy_is_an_error_that_names_its_folder(tmp_path, monkeypatch):
+    from transformers_mtp.default_model import default_model_cache_dir
+
+    monkeypatch.setenv("TRANSFORMERS_MTP_CACHE", str(tmp_path))
+    folder = default_model_cache_dir()
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{ truncated")
+    with pytest.raises(RuntimeError, match=f"cached copy of the default model in {folder} does not load.*delete that"):
+        transformers_mtp.load_default_base()

