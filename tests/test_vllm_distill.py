@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from vllm_engine import requires_vllm
+from vllm_engine import TEST_ENGINE_ENVIRONMENT, requires_vllm
 
 import transformers_mtp
 from transformers_mtp.training import training_sequences
@@ -15,11 +15,13 @@ from transformers_mtp.training.sequences import training_prompt_texts
 pytestmark = [requires_vllm, pytest.mark.real_model]
 
 
-def test_vllm_writes_the_base_models_own_answers_to_the_cache(tmp_path):
+def test_vllm_writes_the_base_models_own_answers_to_the_cache(tmp_path, monkeypatch):
     """Greedy answers by vLLM in float32: the prompt is our chat template's tokens, each answer ends at the EOS or
     the token limit, and the float32 base model's own argmax is vLLM's token at (nearly) every answer position
     (where the engines round a near-tie apart, the text goes on differently, still the model's argmax). Sampled
     answers come too, each seeded, and the cache records the engine."""
+    for name, value in TEST_ENGINE_ENVIRONMENT.items():  # the worker inherits this environment
+        monkeypatch.setenv(name, value)
     base, tokenizer = transformers_mtp.load_default_base()
     max_new_tokens, limit = 48, 6
     cache = tmp_path / "cache.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_engine import VLLM_PYTHON, requires_vllm
+from vllm_engine import TEST_ENGINE_ENVIRONMENT, VLLM_PYTHON, requires_vllm
 
 import transformers_mtp
 from transformers_mtp.serving_export import export
@@ -24,9 +24,10 @@ pytestmark = requires_vllm
 def serve(export_dir, tmp_path, *args):
     """Run benchmarks/vllm_serving.py in the engine's virtualenv; its JSON report."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")}
+    env.update(TEST_ENGINE_ENVIRONMENT)
     report = tmp_path / "report.json"
     done = subprocess.run([VLLM_PYTHON, str(SCRIPT), str(export_dir), "--output", str(report), *args], env=env,
-                          capture_output=True, text=True, timeout=1500)
+                          check=False, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads(report.read_text())
 
