@@ -26,10 +26,10 @@ if MISSING and os.environ.get("TRANSFORMERS_MTP_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"TRANSFORMERS_MTP_REQUIRE_VLLM=1 but the engine is missing: {MISSING}")
 requires_vllm = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
-# How the tests start the engine: in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core and its worker
-# run in the caller, not in two more processes that each import vLLM again) with a 1 GiB KV cache (every test's
-# sequences fit in a few MiB; the scripts' 4-6 GiB are for whole benchmark runs, and a larger cache takes longer to
-# set up). Measured on 2 Zen 3 cores, benchmarks/vllm_serving.py on the shipped EAGLE-3 export (4 prompts, 64 tokens,
-# plain then speculative): 130 s as the script starts the engine, 65 s so. What vLLM computes is the same: the same
-# model runner, scheduler and sampler, in one process instead of three.
+# How the tests start the engine: in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core and its worker
+# run in the process that creates the LLM, not in two more processes that each import vLLM again) with a 1 GiB KV
+# cache (every test's sequences fit in a few MiB; the scripts' 4-6 GiB are for whole benchmark runs, and a larger
+# cache takes longer to set up). Measured on 2 Zen 3 cores, benchmarks/vllm_serving.py on the shipped EAGLE-3 export
+# (4 prompts, 64 tokens, plain then speculative): 130 s as the script starts the engine, 65 s so. What vLLM computes
+# is the same: the same model runner, scheduler and sampler, in one process instead of three.
 TEST_ENGINE_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
