@@ -100,6 +100,25 @@ class StopAtStep(TrainerCallback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.parametrize("head_type,extra", [("chained", {"head_rank": 4}), ("query_extension", {"head_rank": 8})])
+def test_one_seed_gives_the_same_heads_whatever_the_random_state_before(head_type, extra, tmp_path):
+    # LoRA's initial A matrices are random: a run must not depend on what drew from torch's generator before it
+    # (another process starts from another random seed)
+    sequences = greedy_sequences(transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type=head_type,
+                                                          **extra), count=12)
+    weights = []
+    for state in (1, 2):
+        model = transformers_mtp.convert(tiny_base("llama"), num_heads=3, head_type=head_type, **extra)
+        torch.manual_seed(state)
+        config = HeadTrainingConfig(output_dir=str(tmp_path / f"run{state}"), max_steps=4, per_device_train_batch_size=4,
+                                    eval_steps=4, save_steps=4, logging_steps=2, eval_fraction=0.2)
+        train_heads(model, sequences, config, progress=False)
+        weights.append(load_file(str(tmp_path / f"run{state}" / "adapter" / "adapter_model.safetensors")))
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_resumed_training_reaches_the_same_result(arch, tmp_path, monkeypatch):
     def run(folder, *, resume=False, stop_at=None):

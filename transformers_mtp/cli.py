@@ -127,7 +127,7 @@ def cmd_train(args):
     deadline = time.time() + args.time_limit if args.time_limit is not None else None
     preset = load_preset(args.preset)
     settings = dict(preset.get("train") or {})
-    for key in ("max_steps", "num_train_epochs", "learning_rate", "data", "init_heads"):
+    for key in ("max_steps", "num_train_epochs", "learning_rate", "data", "init_heads", "feature_cache"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     if args.answers_only and not settings.get("data_cache"):
@@ -426,6 +426,10 @@ def build_parser():
     train.add_argument("--init-heads", default=None,
                        help="start from trained heads: the adapter/ folder of an earlier run, or a shipped head set "
                             "('default', 'chained'), e.g. to adapt the shipped heads to your own data")
+    train.add_argument("--feature-cache", default=None, metavar="FOLDER",
+                       help="keep the trunk features on disk in FOLDER (the preset's feature_cache): later runs on the "
+                            "same model and answers read them instead of recomputing them, and training reads them "
+                            "from disk instead of holding them all in memory")
     train.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible, else cpu)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     train.add_argument("--overwrite", action="store_true", help="start over in a non-empty --output-dir")

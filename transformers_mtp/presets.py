@@ -15,7 +15,7 @@ TRAIN_DATA_KEYS = ("data", "num_prompts", "sampled_per_prompt", "sample_temperat
 TRAIN_KEYS = TRAIN_DATA_KEYS + ("lora_rank", "learning_rate", "num_train_epochs", "max_steps",
                                 "per_device_train_batch_size", "gradient_accumulation_steps", "warmup_ratio",
                                 "eval_fraction", "eval_steps", "save_steps", "logging_steps", "seed", "bf16",
-                                "feature_batch_size", "group_by_length", "datastore_min_count", "head_loss",
+                                "feature_batch_size", "feature_cache", "group_by_length", "datastore_min_count", "head_loss",
                                 "init_heads")
 # installed: transformers_mtp/configuration/ (setup.py maps the repository's configuration/ there); a source checkout
 # or an editable install: the repository's configuration/ itself

@@ -16,6 +16,7 @@ The sub-package, one concern per module:
 - `config`: `HeadTrainingConfig`, the settings of a run.
 - `data`: token sequences (`self_distill`, `load_text_sequences`, `check_sequences`) and the cached trunk features
   with the base model's targets (`cache_trunk_features`, `collate_features`); also the chat-template helpers.
+- `feature_store`: `FeatureStore`, those features on disk between runs (`feature_cache`), read back per batch.
 - `prompts`: the built-in prompt set for self-distillation (`training_prompts`).
 - `real_prompts`: real prompts read offline from PyPI packages (ShareGPT's opening turns, HumanEval), mixed with the
   built-in ones (`mixed_prompts`).

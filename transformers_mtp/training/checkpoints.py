@@ -39,7 +39,7 @@ def prepare_output_dir(config):
 RECIPE_FILE = "training_recipe.json"
 # HeadTrainingConfig fields that do not change what is trained
 _RECIPE_IGNORED = ("output_dir", "overwrite", "resume", "eval_steps", "save_steps", "logging_steps",
-                   "feature_batch_size", "deadline")
+                   "feature_batch_size", "feature_cache", "deadline")
 
 
 def training_recipe(model, sequences, config):

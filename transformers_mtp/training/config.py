@@ -24,6 +24,10 @@ class HeadTrainingConfig:
             `draft_datastore_size`) when its most frequent continuation was seen at least this often.
         feature_batch_size (`int`, defaults to 1): sequences per trunk pass when caching features; raise it on a GPU
             (on a CPU a padded batch only adds work).
+        feature_cache (`str`, *optional*): a folder that keeps the trunk features on disk (`FeatureStore`): a later
+            run on the same model and answers reads them instead of recomputing them, a grown answer cache adds only
+            the new ones, and training reads each sequence from disk when a batch needs it instead of holding every
+            feature in memory. Not part of the recipe a resumed run must match.
         group_by_length (`bool`, defaults to False): batch sequences of similar length together (transformers'
             `LengthGroupedSampler`), so that less of each batch is padding; pays where lengths vary (real prompts).
         head_loss (`str`, defaults to "cross_entropy"): "cross_entropy" against the base model's argmax, or "kl": KL
@@ -54,6 +58,7 @@ class HeadTrainingConfig:
     seed: int = 0
     bf16: bool | None = None
     feature_batch_size: int = 1
+    feature_cache: str | None = None
     group_by_length: bool = False
     datastore_min_count: int = 2
     head_loss: str = "cross_entropy"

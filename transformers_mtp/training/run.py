@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 from peft import PeftModel, get_peft_model
-from transformers import TrainingArguments
+from transformers import TrainingArguments, set_seed
 
 from ..draft_datastore import build_draft_datastore
 from ..saving import save_atomically
@@ -31,6 +31,7 @@ from .checkpoints import (
 )
 from .config import HeadTrainingConfig
 from .data import cache_trunk_features, check_sequences, collate_features
+from .feature_store import FeatureStore
 from .trainer import AgreementInProgressBar, HeadsTrainer, ListDataset, StopAtDeadline
 
 
@@ -76,7 +77,10 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     n_eval = max(1, math.ceil(len(usable) * config.eval_fraction)) if len(usable) > 1 else 0
     eval_items = [usable[i] for i in order[:n_eval]]
     train_items = [usable[i] for i in order[n_eval:]] or eval_items
-    if features is None:
+    if features is None and config.feature_cache is not None:
+        features = FeatureStore(config.feature_cache, model).features(
+            train_items + eval_items, batch_size=config.feature_batch_size, progress=progress)
+    elif features is None:
         features = cache_trunk_features(model, train_items + eval_items, batch_size=config.feature_batch_size,
                                         progress=progress)
     else:
@@ -100,6 +104,9 @@ def train_heads(model, sequences, config: HeadTrainingConfig, *, tokenizer=None,
     if init_dir is not None:  # checked above; the draft vocabulary was set from it
         peft_model = PeftModel.from_pretrained(model, str(init_dir), is_trainable=True)
     else:
+        # LoRA's A matrices start random: seed them as Trainer seeds the rest (it calls set_seed(seed) itself, but
+        # only once the adapter exists), so that one preset and seed give the same heads in every process
+        set_seed(config.seed)
         peft_model = get_peft_model(model, lora_config)
     on_cuda = model.device.type == "cuda"  # train where the caller put the model (and where the features are)
     args = TrainingArguments(

@@ -106,7 +106,7 @@ class HeadsTrainer(Trainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         if self.args.train_sampling_strategy == "group_by_length":
             return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                        lengths=[item["teacher"].shape[0] for item in dataset])
+                                        lengths=[len_of(item) for item in dataset])
         return super()._get_train_sampler(train_dataset)
 
     def _get_eval_sampler(self, eval_dataset):
@@ -206,6 +206,11 @@ class StopAtDeadline(TrainerCallback):
             logging.getLogger(__name__).warning(
                 "Time limit reached: training stops at step %d of %d (saved as a checkpoint; resume=True continues "
                 "it).", state.global_step, state.max_steps)
+
+
+def len_of(features):
+    """Tokens of one sequence's features: a stored sequence knows its length without reading its tensors."""
+    return features.length if hasattr(features, "length") else features["teacher"].shape[0]
 
 
 class ListDataset(torch.utils.data.Dataset):
