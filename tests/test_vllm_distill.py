@@ -54,3 +54,22 @@ def test_vllm_writes_the_base_models_own_answers_to_the_cache(tmp_path, monkeypa
     shared = [next((i for i, (a, b) in enumerate(zip(o["input_ids"], g["input_ids"])) if a != b),
                    min(len(o["input_ids"]), len(g["input_ids"]))) - o["prompt_length"] for o, g in zip(ours, greedy)]
     assert sum(shared) >= 0.5 * 2 * max_new_tokens - 1, shared
+
+
+def test_vllm_samples_answers_when_a_step_splits_a_prompt(tmp_path, monkeypatch):
+    """Seeded sampling with more prompt tokens than one engine step takes (4,096 on the CPU back end): vLLM 0.32's
+    chunked prefill then rewinds a seeded request's generator, which its CPU generator cannot do ("CPU Generator
+    does not use offset"); the worker turns chunked prefill off for sampled runs. Seen on the real-prompt preset's
+    first sampled round."""
+    for name, value in TEST_ENGINE_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    base, tokenizer = transformers_mtp.load_default_base()
+    limit = 160  # about 6,000 prompt tokens
+    settings = {"data": "builtin", "num_prompts": limit, "max_new_tokens": 2, "distill_engine": "vllm",
+                "data_cache": str(tmp_path / "cache.jsonl"), "sampled_per_prompt": 1, "sample_temperature": 0.7}
+    prompts = training_prompt_texts("builtin", limit=limit)
+    assert sum(len(chat_ids(tokenizer, p)) for p in prompts) > 4096
+    sequences = training_sequences(base, tokenizer, settings, progress=False)
+    sampled = sequences[limit:]
+    assert len(sampled) == limit and all(s["sample"] == 0 and s["engine"] == "vllm" for s in sampled)
+    assert all(0 < len(s["input_ids"]) - s["prompt_length"] <= 2 for s in sampled)

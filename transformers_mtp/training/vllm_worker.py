@@ -46,8 +46,14 @@ def main():
 
     requests = [json.loads(line)["prompt_ids"] for line in Path(args.requests).read_text().splitlines() if line.strip()]
     longest = max(len(ids) for ids in requests) + args.max_tokens
-    llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, max_model_len=max(longest, 256),
-              enforce_eager=True, disable_log_stats=True)
+    # Sampled runs seed each request. When an engine step's token budget splits a prompt (chunked prefill), vLLM
+    # 0.32 rewinds that request's generator with `set_offset`, which a CPU generator lacks ("CPU Generator does not
+    # use offset"); without chunked prefill every prompt is scheduled whole, so the budget must hold the longest.
+    max_model_len = max(longest, 256)
+    chunked = {} if args.temperature is None else {"enable_chunked_prefill": False,
+                                                   "max_num_batched_tokens": max(4096, max_model_len)}
+    llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, max_model_len=max_model_len,
+              enforce_eager=True, disable_log_stats=True, **chunked)
     if args.temperature is None:
         params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens)] * len(requests)
     else:
