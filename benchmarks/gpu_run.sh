@@ -20,10 +20,40 @@ fi
 # A preset whose answers come from vLLM (distill_engine: vllm) needs its answer cache carried: the GPU machine has no
 # vLLM. Without the cache, its answers are written here by generate() instead, in GPU-sized batches and into a cache
 # of their own (a cache written by one engine is never reused by the other).
+# Answers committed under benchmarks/data (written by vLLM on a CPU: docs/training.md) travel with the working tree;
+# they are unpacked into the cache first: the greedy file whole, the sampled rounds from their parts, in order.
+unpack_committed_answers() {  # unpack_committed_answers CACHE
+  local name; name=$(basename "$1" .jsonl)
+  if [ ! -f "$1" ] && [ -f "benchmarks/data/$name.jsonl.gz" ]; then
+    mkdir -p "$(dirname "$1")" && gunzip -c "benchmarks/data/$name.jsonl.gz" > "$1"
+    local parts=(benchmarks/data/"$name".sampled.part*.jsonl.gz)
+    [ -f "${parts[0]}" ] && cat "${parts[@]}" | gunzip > "${1%.jsonl}.sampled.jsonl"
+    echo "answers unpacked from benchmarks/data: $(wc -l < "$1") greedy, $(cat "${1%.jsonl}.sampled.jsonl" 2>/dev/null | wc -l) sampled"
+  fi
+}
 generate_answers_here() {  # generate_answers_here PRESET_IN PRESET_OUT
   local cache
   cache=$(python3 -c "import yaml,sys; t=yaml.safe_load(open('$1'))['train']; print(t['data_cache'] if t.get('distill_engine') == 'vllm' else '')")
-  if [ -n "$cache" ] && [ ! -f "$cache" ]; then
+  [ -n "$cache" ] && unpack_committed_answers "$cache"
+  local short=""
+  if [ -n "$cache" ] && [ -f "$cache" ]; then  # vLLM's answers unfinished: this machine cannot write the rest
+    short=$(python3 - "$1" "$cache" <<'PY'
+import os, sys, yaml
+train = yaml.safe_load(open(sys.argv[1]))["train"]
+count = lambda f: sum(1 for _ in open(f)) if os.path.exists(f) else 0
+greedy, sampled = count(sys.argv[2]), count(sys.argv[2].removesuffix(".jsonl") + ".sampled.jsonl")
+prompts = min(train["num_prompts"], greedy)
+edits = [f"s|^  num_prompts: .*|  num_prompts: {prompts}|"] if prompts < train["num_prompts"] else []
+if sampled < prompts * train.get("sampled_per_prompt", 0):
+    edits.append("s|^  sampled_per_prompt: .*|  sampled_per_prompt: 0|")
+print(";".join(edits))
+PY
+)
+  fi
+  if [ -n "$short" ]; then
+    echo "the committed answers are unfinished ($short): training on the answers there are"
+    sed "$short" "$1" > "$2"
+  elif [ -n "$cache" ] && [ ! -f "$cache" ]; then
     echo "no vLLM answer cache $cache carried: the answers are written here by generate()"
     sed -e '/^  distill_engine: /d' -e '/^  distill_dtype: /d' -e 's|^  distill_batch_size: .*|  distill_batch_size: 384|' \
         -e "s|^  data_cache: .*|  data_cache: ${cache%.jsonl}-generate.jsonl|" "$1" > "$2"

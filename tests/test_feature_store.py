@@ -8,14 +8,14 @@ from test_training import greedy_sequences
 
 import transformers_mtp
 from transformers_mtp.presets import load_preset
-from transformers_mtp.training import HeadTrainingConfig, train_heads
-from transformers_mtp.training import feature_store
+from transformers_mtp.training import HeadTrainingConfig, feature_store, train_heads
 from transformers_mtp.training.data import cache_trunk_features, chat_input_ids
 
 LAYOUTS = {  # one head type of each feature layout: keys / values kept (time on dim 1), tapped layers, neither
-    "query_extension": dict(num_heads=3, head_type="query_extension", head_input="feature_and_token", head_rank=8),
-    "chained": dict(num_heads=3, head_type="chained", head_rank=4),
-    "resblock": dict(num_heads=3, head_type="resblock", draft_vocab_size=40),
+    "query_extension": {"num_heads": 3, "head_type": "query_extension", "head_input": "feature_and_token",
+                        "head_rank": 8},
+    "chained": {"num_heads": 3, "head_type": "chained", "head_rank": 4},
+    "resblock": {"num_heads": 3, "head_type": "resblock", "draft_vocab_size": 40},
 }
 
 
@@ -32,8 +32,8 @@ def count_trunk_passes(monkeypatch):
 
 
 def train(model, sequences, folder, **extra):
-    settings = dict(max_steps=12, per_device_train_batch_size=4, learning_rate=3e-3, eval_steps=12, save_steps=12,
-                    logging_steps=4, eval_fraction=0.2)
+    settings = {"max_steps": 12, "per_device_train_batch_size": 4, "learning_rate": 3e-3, "eval_steps": 12,
+                "save_steps": 12, "logging_steps": 4, "eval_fraction": 0.2}
     config = HeadTrainingConfig(output_dir=str(folder), **{**settings, **extra})
     _, metrics = train_heads(model, sequences, config, progress=False)
     return metrics, load_file(str(folder / "adapter" / "adapter_model.safetensors"))
@@ -142,8 +142,8 @@ def test_a_preset_may_name_a_feature_cache_and_a_resume_may_move_it(tmp_path):
 @pytest.mark.parametrize("layout", ["query_extension", "chained"])
 def test_the_default_model_reads_back_the_features_it_stored_bit_for_bit(layout, default_base, tmp_path):
     base, tokenizer = default_base
-    settings = {"query_extension": dict(num_heads=4, head_type="query_extension", head_input="feature_and_token"),
-                "chained": dict(num_heads=5, head_type="chained", head_feature_layers=[2, 15, 27])}[layout]
+    settings = {"query_extension": {"num_heads": 4, "head_type": "query_extension", "head_input": "feature_and_token"},
+                "chained": {"num_heads": 5, "head_type": "chained", "head_feature_layers": [2, 15, 27]}}[layout]
     model = transformers_mtp.convert(base, **settings)
     sequences = [{"input_ids": chat_input_ids(tokenizer, text)[0].tolist(), "prompt_length": 8}
                  for text in ("Explain in three sentences why the sky is blue.", "Write a haiku about rivers.")]

