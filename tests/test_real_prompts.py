@@ -179,6 +179,16 @@ def test_committed_answers_are_their_presets_first_prompts_and_no_benchmark_prom
     assert len(checked) == len(lines)
     assert all(0 < s["prompt_length"] < len(s["input_ids"]) for s in lines)
     assert all(len(s["input_ids"]) - s["prompt_length"] <= train["max_new_tokens"] for s in lines)
+    parts = sorted(data.glob(name.replace(".jsonl.gz", ".sampled.part*.jsonl.gz")))  # its sampled rounds, in order
+    if parts:
+        sampled = tmp_path / "sampled.jsonl"
+        with sampled.open("wb") as out:
+            for part in parts:
+                with gzip.open(part) as file:
+                    out.write(file.read())
+        expected = [(p, {"sample": j, "temperature": train["sample_temperature"], **extra})
+                    for j in range(train["sampled_per_prompt"]) for p in prompts]
+        lines += sequences_module._read_cache(sampled, expected, str)
     bench = benchmark_prompts()
     assert not any(overlaps_benchmark(s["prompt"], bench) for s in lines)
 
