@@ -135,11 +135,7 @@ class FeatureStore:
                    for name in names}
         metadata = {"names": json.dumps(names),
                     "sequences": json.dumps([[k, f["teacher"].shape[0]] for k, f in zip(keys, features)])}
-        number = len(list(self.folder.glob("shard-*.safetensors")))
-        shard = self.folder / f"shard-{number:05d}.safetensors"
-        while shard.exists():  # another process wrote this number meanwhile
-            number += 1
-            shard = self.folder / f"shard-{number:05d}.safetensors"
+        shard = self.folder / f"shard-{keys[0]}.safetensors"  # named by its first sequence: unique, no counter
         staging = self.folder / f".{shard.name}.{os.getpid()}.tmp"
         save_file(tensors, str(staging), metadata=metadata)
         os.replace(staging, shard)  # atomic: a reader never sees half a shard
