@@ -79,7 +79,8 @@ def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
 def test_presets_are_valid_and_unknown_keys_rejected(tmp_path):
     names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
     assert names == [
-        "gpt2", "llama", "smollm2-135m", "smollm2-135m-chained", "smollm2-135m-chained-gpu-real", "smollm2-135m-gpu",
+        "gpt2", "llama", "smollm2-135m", "smollm2-135m-chained", "smollm2-135m-chained-gpu-real", "smollm2-135m-chained-real",
+        "smollm2-135m-gpu",
         "smollm2-135m-gpu-real", "smollm2-135m-gpu-tuned-real", "smollm2-135m-medusa", "smollm2-135m-real",
     ]
     for name in names:

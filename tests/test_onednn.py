@@ -225,3 +225,28 @@ def test_auto_uses_onednn_for_a_float32_cpu_model_with_avx2_or_avx512(monkeypatc
     model.generation_config.onednn_verify = False
     monkeypatch.setattr(onednn, "cpu_flags", lambda: frozenset({"avx512f"}))
     assert resolve_onednn_verify(model, None) is False  # the generation config's
+
+
+@pytest.mark.parametrize("head_type,extra", [("query_extension", {"head_input": "feature_and_token"}),
+                                             ("chained", {})], ids=["query_extension", "chained"])
+def test_training_features_are_computed_on_onednn_where_decoding_would_be(head_type, extra, routed, monkeypatch):
+    from test_training import greedy_sequences
+
+    from transformers_mtp.training.data import cache_trunk_features
+
+    model = converted("llama", head_type, extra)
+    sequences = greedy_sequences(model, count=3)
+    monkeypatch.setattr(onednn, "cpu_flags", lambda: frozenset())  # auto is off: torch's own kernels
+    routed.clear()
+    on_torch = cache_trunk_features(model, sequences, progress=False)
+    assert routed == []
+    monkeypatch.setattr(onednn, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    on_onednn = cache_trunk_features(model, sequences, progress=False)
+    assert len(routed) >= len(sequences) * model.config.num_hidden_layers  # every layer's products, every sequence
+    assert all(shape[-2] == len(s["input_ids"]) for shape, s in zip(routed, sequences))  # first products: sequence 1
+    assert "forward" not in model.lm_head.__dict__  # the routing ends with the pass
+    for mine, theirs in zip(on_onednn, on_torch):
+        assert mine.keys() == theirs.keys()
+        assert torch.equal(mine["teacher"], theirs["teacher"]) and torch.equal(mine["next_ids"], theirs["next_ids"])
+        for name in mine.keys() - {"teacher", "next_ids"}:
+            assert torch.allclose(mine[name], theirs[name], atol=1e-5, rtol=1e-5), name

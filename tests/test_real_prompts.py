@@ -198,3 +198,14 @@ def gzip_to(folder, path):
     with gzip.open(path) as file:
         out.write_bytes(file.read())
     return out
+
+
+@pytest.mark.parametrize("preset", ["smollm2-135m-chained-real", "smollm2-135m-chained-gpu-real"])
+def test_the_chained_real_presets_read_the_committed_greedy_answers(preset):
+    """They train on smollm2-135m-gpu-real.yaml's answer cache: the same prompts, answer length, engine and dtype,
+    so the committed greedy answers (checked above) are the ones their runs read back."""
+    from transformers_mtp.presets import load_preset
+
+    keys = ("data", "num_prompts", "max_new_tokens", "distill_engine", "distill_dtype", "data_cache")
+    ours, theirs = load_preset(preset)["train"], load_preset("smollm2-135m-gpu-real")["train"]
+    assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
