@@ -82,6 +82,7 @@ def test_presets_are_valid_and_unknown_keys_rejected(tmp_path):
         "gpt2", "llama", "smollm2-135m", "smollm2-135m-chained", "smollm2-135m-chained-gpu-real", "smollm2-135m-chained-real",
         "smollm2-135m-gpu",
         "smollm2-135m-gpu-real", "smollm2-135m-gpu-tuned-real", "smollm2-135m-medusa", "smollm2-135m-real",
+        "smollm2-135m-tuned-real",
     ]
     for name in names:
         preset = load_preset(name)

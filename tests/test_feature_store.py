@@ -158,3 +158,88 @@ def test_the_default_model_reads_back_the_features_it_stored_bit_for_bit(layout,
         assert sorted(got) == sorted(want)
         for name in want:
             assert torch.equal(got[name], want[name]), name
+
+
+def stored_and_direct(model, sequences, store):
+    """What `store` returns for `sequences`, and what the trunk computes for them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads may split a GEMM differently from one call to the next (test_default_model)
+    try:
+        return store.features(sequences, progress=False), cache_trunk_features(model, sequences, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("source_taps", [[0], [1], [0, 1]])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_another_layouts_store_of_the_same_trunk_gives_query_extension_features_without_the_trunk(
+        arch, source_taps, tmp_path, monkeypatch):
+    chained = transformers_mtp.convert(tiny_base(arch), **LAYOUTS["chained"], head_feature_layers=source_taps)
+    sequences = greedy_sequences(chained, count=9)
+    monkeypatch.setattr(feature_store, "SHARD_SEQUENCES", 4)
+    feature_store.FeatureStore(tmp_path, chained).features(sequences[:6], progress=False)
+    model = transformers_mtp.convert(tiny_base(arch), **LAYOUTS["query_extension"])
+    computed = count_trunk_passes(monkeypatch)
+    store = feature_store.FeatureStore(tmp_path, model)
+    stored, expected = stored_and_direct(model, sequences, store)
+    assert computed == sequences[6:]  # the 6 the chained store holds were derived from its taps, not the trunk
+    for got, want in zip(stored, expected):
+        assert sorted(got) == sorted(want) == ["keys", "layer_input", "next_ids", "normed", "teacher", "values"]
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_heads_of_the_normed_state_copy_their_features_from_any_store_of_the_same_trunk(tmp_path, monkeypatch):
+    chained = transformers_mtp.convert(tiny_base("llama"), **LAYOUTS["chained"])
+    sequences = greedy_sequences(chained, count=5)
+    feature_store.FeatureStore(tmp_path, chained).features(sequences, progress=False)
+    model = transformers_mtp.convert(tiny_base("llama"), **LAYOUTS["resblock"])
+    computed = count_trunk_passes(monkeypatch)
+    stored, expected = stored_and_direct(model, sequences, feature_store.FeatureStore(tmp_path, model))
+    assert computed == []
+    for got, want in zip(stored, expected):
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("case", ["deeper taps", "other trunk", "gpt2"])
+def test_a_store_that_cannot_give_the_features_is_not_read_and_the_trunk_computes_them(case, tmp_path, monkeypatch):
+    arch = "gpt2" if case == "gpt2" else "llama"
+    source = {"deeper taps": transformers_mtp.convert(tiny_base(arch), **LAYOUTS["query_extension"]),
+              "other trunk": transformers_mtp.convert(tiny_base(arch, seed=1), **LAYOUTS["query_extension"]),
+              "gpt2": transformers_mtp.convert(tiny_base(arch), **LAYOUTS["resblock"])}[case]
+    # a chained drafter reads layer 0, below the query-extension store's tap; GPT-2 cannot run layers on their own
+    model = (transformers_mtp.convert(tiny_base(arch), **LAYOUTS["chained"], head_feature_layers=[0])
+             if case == "deeper taps" else transformers_mtp.convert(tiny_base(arch), **LAYOUTS["query_extension"]))
+    sequences = greedy_sequences(model, count=4)
+    feature_store.FeatureStore(tmp_path, source).features(sequences, progress=False)
+    computed = count_trunk_passes(monkeypatch)
+    stored, expected = stored_and_direct(model, sequences, feature_store.FeatureStore(tmp_path, model))
+    assert computed == sequences
+    for got, want in zip(stored, expected):
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.real_model
+def test_the_default_models_query_extension_features_derive_from_the_chained_drafters_store(default_base, tmp_path,
+                                                                                            monkeypatch):
+    base, tokenizer = default_base
+    chained = transformers_mtp.convert(base, num_heads=5, head_type="chained", head_feature_layers=[2, 15, 27])
+    sequences = [{"input_ids": chat_input_ids(tokenizer, text)[0].tolist(), "prompt_length": 8}
+                 for text in ("Explain in three sentences why the sky is blue.", "Write a haiku about rivers.")]
+    model = transformers_mtp.convert(base, num_heads=4, head_type="query_extension", head_input="feature_and_token")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as above: one thread, so that both ways run the same GEMM splits
+    try:
+        feature_store.FeatureStore(tmp_path, chained).features(sequences, progress=False)
+        computed = count_trunk_passes(monkeypatch)
+        stored, expected = stored_and_direct(model, sequences, feature_store.FeatureStore(tmp_path, model))
+    finally:
+        torch.set_num_threads(threads)
+    assert computed == []  # layers 27 and 28 ran on the stored tap; the trunk did not run
+    for got, want in zip(stored, expected):
+        assert sorted(got) == sorted(want)
+        for name in want:  # the same products on the same inputs: bit for bit
+            assert torch.equal(got[name], want[name]), name

@@ -169,6 +169,80 @@ def cache_trunk_features(model, sequences, *, all_features=False, batch_size=1, 
     return features
 
 
+def can_derive_trunk_features(model):
+    """Whether `derive_trunk_features` can run `model`'s decoder layers by themselves: Llama-shaped trunks whose
+    every layer attends causally over the whole sequence (one rotary embedding, no sliding window). Others (GPT-2's
+    learned positions, Gemma's per-layer rotary and sliding layers) compute their features from the tokens."""
+    config = model.config
+    full_attention = set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"}
+    no_window = getattr(config, "sliding_window", None) is None or getattr(config, "use_sliding_window", True) is False
+    return (model.architecture.rotary is not None and not model.architecture.rotary_per_layer_type
+            and full_attention and no_window)
+
+
+@torch.inference_mode()
+def derive_trunk_features(model, stored, *, source_taps, progress=True):
+    """
+    `cache_trunk_features`' features for sequences whose features another head layout stored (a `FeatureStore` of
+    the same trunk), without running the trunk from the tokens: from the deepest of the stored taps
+    (`source_taps`, the indices of `hidden_states` the stored `layer_input` concatenates) at or below the layers this
+    model's heads read, the decoder layers in between run on the stored hidden state; `normed`, `teacher` and
+    `next_ids` are copied, and the last layer's keys and values (`share_kv` heads) are computed from its input as
+    the layer computes them. `stored`: one mapping per sequence, as a store returns them.
+
+    What it saves: the 20 GB store of the chained drafter's taps (2 / 15 / 27 of SmolLM2's 30 layers) gives the
+    `query_extension` heads' features (the input of layer 29) through 2 layers instead of 30 and no unembedding.
+    Hand-written over `LlamaModel.forward`'s own loop (`create_causal_mask`, the rotary embedding, the layers)
+    because transformers has no way to start a forward at a middle layer.
+    """
+    from transformers.masking_utils import create_causal_mask
+
+    if model.uses_layer_input and not can_derive_trunk_features(model):
+        raise ValueError(f"{type(model).__name__} ({model.config.model_type}) cannot run its decoder layers from a "
+                         "stored hidden state; compute its features with cache_trunk_features.")
+    model.eval()
+    targets = model.head_feature_indices if model.uses_layer_input else []
+    share_kv = model.uses_layer_input and model.config.heads_share_base_kv
+    last_input = model.config.num_hidden_layers - 1
+    needed = sorted(set(targets) | ({last_input} if share_kv else set()))
+    below = [t for t in source_taps if not needed or t <= needed[0]]
+    if needed and not below:
+        raise ValueError(f"The stored taps {list(source_taps)} are all deeper than the layers {needed} these heads "
+                         "read; compute their features with cache_trunk_features.")
+    start = max(below) if needed else None
+    trunk, last_layer, _, _, rotary = model._parts()
+    layers = getattr(trunk, model.architecture.layers)
+    width = model.config.hidden_size
+    routed = OneDNNLinear(model) if auto_onednn_verify(model) else contextlib.nullcontext()
+    features = []
+    for item in tqdm(stored, desc="deriving trunk features", disable=not progress):
+        derived = {name: item[name].clone() for name in ("normed", "teacher", "next_ids")}
+        if needed:
+            column = list(source_taps).index(start) * width
+            hidden = item["layer_input"][:, column : column + width].unsqueeze(0).to(model.device)
+            position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            position_embeddings = rotary(hidden, position_ids)
+            mask = create_causal_mask(config=trunk.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                                      position_ids=position_ids)
+            taps = {}
+            with routed:
+                for index in range(start, needed[-1] + 1):
+                    if index in needed:
+                        taps[index] = hidden
+                    if index < needed[-1]:
+                        hidden = layers[index](hidden, attention_mask=mask, position_ids=position_ids,
+                                               position_embeddings=position_embeddings)
+                if share_kv:
+                    keys, values = model.query_extension_head_class.base_layer_keys_values(
+                        last_layer, taps[last_input], position_embeddings)
+            if targets:
+                derived["layer_input"] = torch.cat([taps[t] for t in targets], dim=-1)[0].clone()
+            if share_kv:
+                derived["keys"], derived["values"] = keys[0].clone(), values[0].clone()
+        features.append(derived)
+    return features
+
+
 def collate_features(items):
     """Right-pad a list of feature dicts into a batch; padded teacher positions are -100 and masked."""
     length = max(item["teacher"].shape[0] for item in items)

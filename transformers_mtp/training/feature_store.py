@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.utils import logging
 
-from .data import cache_trunk_features
+from .data import can_derive_trunk_features, cache_trunk_features, derive_trunk_features
 
 logger = logging.get_logger(__name__)
 FORMAT_VERSION = 1  # raise when what a shard holds changes: older stores then live in another sub-folder
@@ -108,6 +108,7 @@ class FeatureStore:
             "keys_values": (model.uses_layer_input and model.config.heads_share_base_kv) or all_features,
         }
         key = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+        self.described = described
         self.folder = Path(folder) / key
         self.folder.mkdir(parents=True, exist_ok=True)
         description = self.folder / STORE_FILE
@@ -116,10 +117,10 @@ class FeatureStore:
             staging.write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
             os.replace(staging, description)
 
-    def _index(self):
-        """{sequence key: StoredFeatures} over every finished shard."""
+    def _index(self, folder=None):
+        """{sequence key: StoredFeatures} over every finished shard (of this store, or of the store in `folder`)."""
         index = {}
-        for shard in sorted(self.folder.glob("shard-*.safetensors")):
+        for shard in sorted((folder or self.folder).glob("shard-*.safetensors")):
             handle = _open_shard(str(shard))
             metadata = handle.metadata()
             names = json.loads(metadata["names"])
@@ -128,6 +129,34 @@ class FeatureStore:
                 index[key] = StoredFeatures(str(shard), start, length, names)
                 start += length
         return index
+
+    def _sources(self):
+        """[(taps, index)] of the sibling stores this one can derive its features from (`derive_trunk_features`):
+        the same trunk, dtype and device, with tapped hidden states at or below the layers these heads read (any
+        such store for heads that read only the normed final state). The deepest tap first: it leaves the fewest
+        layers to run."""
+        reads_layers = self.described["layer_input"]
+        if self.all_features or (reads_layers and not can_derive_trunk_features(self.model)):
+            return []
+        needed = min(self.described["taps"]) if reads_layers else None
+        sources = []
+        for description in self.folder.parent.glob(f"*/{STORE_FILE}"):
+            if description.parent == self.folder:
+                continue
+            try:
+                other = json.loads(description.read_text())
+            except (OSError, ValueError):
+                continue  # a store being written, or not a store: compute instead
+            same_trunk = all(other.get(k) == self.described[k] for k in ("format", "weights", "dtype", "device"))
+            if not same_trunk:
+                continue
+            if not reads_layers:  # heads that read the normed final state: any store of this trunk holds it
+                sources.append((0, other.get("taps", []), description.parent))
+                continue
+            taps = [t for t in other.get("taps", []) if t <= needed]
+            if other.get("layer_input") and taps:
+                sources.append((max(taps), other["taps"], description.parent))
+        return [(taps, self._index(folder)) for _, taps, folder in sorted(sources, key=lambda s: -s[0])]
 
     def _write_shard(self, keys, features):
         names = list(features[0])
@@ -140,6 +169,18 @@ class FeatureStore:
         save_file(tensors, str(staging), metadata=metadata)
         os.replace(staging, shard)  # atomic: a reader never sees half a shard
 
+    def _derived(self, keys, sources, progress):
+        """{key: features} for those of `keys` that a source store holds, derived from its taps."""
+        found = {}
+        for taps, index in sources:
+            held = [k for k in keys if k in index and k not in found]
+            if held:
+                found.update(zip(held, derive_trunk_features(self.model, [index[k] for k in held], source_taps=taps,
+                                                             progress=progress)))
+        if found:
+            logger.info(f"Derived the features of {len(found)} of {len(keys)} sequences from stored hidden states")
+        return found
+
     def features(self, sequences, *, batch_size=1, progress=True):
         keys = [_sequence_key(s) for s in sequences]
         index = self._index()
@@ -148,11 +189,16 @@ class FeatureStore:
             by_key = dict(zip(keys, sequences))
             logger.info(f"Caching the trunk features of {len(missing)} of {len(keys)} sequences into {self.folder} "
                         f"({len(keys) - len(missing)} stored already)")
+            sources = self._sources()
             for start in range(0, len(missing), SHARD_SEQUENCES):
                 chunk = missing[start : start + SHARD_SEQUENCES]
-                computed = cache_trunk_features(self.model, [by_key[k] for k in chunk], all_features=self.all_features,
-                                                batch_size=batch_size, progress=progress)
-                self._write_shard(chunk, computed)
+                computed = self._derived(chunk, sources, progress)
+                rest = [k for k in chunk if k not in computed]
+                if rest:
+                    computed.update(zip(rest, cache_trunk_features(
+                        self.model, [by_key[k] for k in rest], all_features=self.all_features, batch_size=batch_size,
+                        progress=progress)))
+                self._write_shard(chunk, [computed[k] for k in chunk])
             index = self._index()
         else:
             logger.info(f"Reading the trunk features of all {len(keys)} sequences from {self.folder}")
