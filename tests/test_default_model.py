@@ -292,3 +292,22 @@ def test_a_broken_cached_copy_is_an_error_that_names_its_folder(tmp_path, monkey
     (folder / "config.json").write_text("{ truncated")
     with pytest.raises(RuntimeError, match=f"cached copy of the default model in {folder} does not load.*delete that"):
         transformers_mtp.load_default_base()
+
+
+def test_the_same_gguf_file_in_another_environment_shares_one_cached_copy(tmp_path, monkeypatch):
+    from transformers_mtp.default_model import default_gguf_path, default_model_cache_dir
+
+    monkeypatch.setenv("TRANSFORMERS_MTP_CACHE", str(tmp_path / "cache"))
+    original = default_gguf_path()
+    data = original.read_bytes()
+    copies = []
+    for env in ("venv-a", "venv-b"):  # the package installed twice: same bytes, other path and mtime
+        copy = tmp_path / env / original.name
+        copy.parent.mkdir()
+        copy.write_bytes(data)
+        copies.append(copy)
+    assert default_model_cache_dir(copies[0]) == default_model_cache_dir(copies[1]) == default_model_cache_dir()
+    changed = tmp_path / "changed" / original.name  # another file, even of the same size, gets its own copy
+    changed.parent.mkdir()
+    changed.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert default_model_cache_dir(changed) != default_model_cache_dir()
